@@ -1,0 +1,147 @@
+"""The command line shared by `python -m torch_impl`, `-m jax_impl` and `-m mxnet_impl`.
+
+Each framework's `__main__` calls `run(framework, argv, before_import)`: arguments are parsed and
+devices resolved here, then the workload module `<framework>_impl.<workload>` is imported and its
+`main(args, plan)` called. Bad input ends in one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Callable
+
+from common import config, data, devices, results, weights
+
+EXIT_BAD_INPUT = 2
+EXIT_NOT_IMPLEMENTED = 3
+USER_ERRORS = (
+    config.ConfigError,
+    devices.DeviceError,
+    data.DatasetError,
+    results.ResultsError,
+    weights.WeightsError,
+)
+
+
+def whole_number(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    return value
+
+
+def parser(framework: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=f"python -m {framework}_impl",
+        description=f"Multi-device training in {framework}: one workload, one results record.",
+    )
+    p.add_argument("--workload", required=True, choices=config.WORKLOADS)
+    p.add_argument("--gpus", type=whole_number, default=1, help="number of devices (default 1)")
+    p.add_argument(
+        "--platform", default=os.environ.get("PLATFORM", "auto"), choices=devices.PLATFORMS
+    )
+    p.add_argument(
+        "--preset",
+        default=None,
+        choices=config.PRESETS,
+        help="smoke | cpu | full (default: full with accelerators, cpu without)",
+    )
+    p.add_argument("--strategy", default=None, help="parallel strategy (workload-specific)")
+    p.add_argument("--epochs", type=whole_number, default=None)
+    p.add_argument("--batch-size", type=whole_number, default=None)
+    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--split-size", type=whole_number, default=None, help="resnet50 pipeline")
+    p.add_argument("--sweep", action="store_true", help="resnet50: sweep the preset's split sizes")
+    p.add_argument("--amp", choices=("off", "bf16"), default="off", help="mixed precision")
+    p.add_argument(
+        "--results", default=str(results.DEFAULT_PATH), help="JSON Lines file to append to"
+    )
+    p.add_argument(
+        "--no-progress", action="store_true", help="plain lines instead of a progress bar"
+    )
+    return p
+
+
+def overrides(args: argparse.Namespace) -> dict:
+    """Command-line settings that replace preset values (None: keep the preset's)."""
+    return {
+        "epochs": args.epochs,
+        "batch_size": args.batch_size,
+        "lr": args.lr,
+        **({"split_size": args.split_size} if args.workload == "resnet50" else {}),
+    }
+
+
+def run(
+    framework: str,
+    argv: list[str] | None = None,
+    before_import: Callable[[devices.DevicePlan], None] | None = None,
+) -> int:
+    args = parser(framework).parse_args(argv)
+    try:
+        plan = devices.plan(args.gpus, args.platform)
+        if args.preset is None:
+            args.preset = config.default_preset(plan.platform == "gpu")
+        config.get_config(args.workload, args.preset, **overrides(args))  # fail before importing
+        if before_import is not None:
+            before_import(plan)
+        try:
+            module = importlib.import_module(f"{framework}_impl.{args.workload}")
+        except ModuleNotFoundError as e:
+            if e.name != f"{framework}_impl.{args.workload}":
+                raise
+            print(
+                f"error: workload {args.workload!r} is not implemented yet for {framework}",
+                file=sys.stderr,
+            )
+            return EXIT_NOT_IMPLEMENTED
+        note = devices.notice(plan)
+        if note:
+            print(note, file=sys.stderr)
+        module.main(args, plan)
+    except USER_ERRORS as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return 0
+
+
+def make_record(framework, args, plan, cfg, device_names, framework_versions, **fields):
+    """A results record with the run's settings, environment and commit filled in."""
+    versions, hardware = results.environment(framework_versions)
+    return results.Record(
+        framework=framework,
+        workload=args.workload,
+        devices=plan.count,
+        platform=plan.platform,
+        virtual=plan.virtual,
+        device_names=list(device_names),
+        preset=cfg.preset,
+        batch_size=cfg.batch_size,
+        lr=cfg.lr,
+        versions=versions,
+        hardware=hardware,
+        git_commit=results.git_commit(),
+        **fields,
+    )
+
+
+def progress(iterable, total: int, desc: str, disable: bool = False):
+    """A tqdm bar on a terminal; nothing when output is piped (callers print plain lines)."""
+    from tqdm import tqdm
+
+    return tqdm(
+        iterable, total=total, desc=desc, leave=False, disable=disable or not sys.stderr.isatty()
+    )
+
+
+def final_line(
+    test_acc: float | None, sec_per_epoch: float, plan: devices.DevicePlan, extrapolated: bool
+) -> str:
+    """d2l's closing line: `test acc: 0.84, 2.8 sec/epoch on [2 x cpu (virtual)]`."""
+    acc = "n/a" if test_acc is None else f"{test_acc:.2f}"
+    mark = " (extrapolated)" if extrapolated else ""
+    return f"test acc: {acc}, {sec_per_epoch:.1f} sec/epoch{mark} on [{plan.describe()}]"

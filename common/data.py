@@ -1,0 +1,222 @@
+"""Fashion-MNIST: find, download, verify, parse IDX, and a seeded batch order (DESIGN.md section 8).
+
+Framework-free: every framework gets the same uint8 arrays and the same index sequence.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import struct
+import tempfile
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+URL = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
+DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")
+HOW_TO_GET = (
+    f"install the Debian package (apt-get install dataset-fashion-mnist), "
+    f"or set FASHION_MNIST_DIR to a folder with the four .gz files from {URL}"
+)
+
+
+@dataclass(frozen=True)
+class FileSpec:
+    name: str
+    gz_md5: str  # upstream .gz; Debian re-compressed, so the decompressed digest is what counts
+    sha256: str  # of the decompressed content
+    size: int  # bytes decompressed
+    magic: int
+    shape: tuple[int, ...]
+
+
+FILES = {
+    "train_images": FileSpec(
+        "train-images-idx3-ubyte.gz",
+        "8d4fb7e6c68d591d4c3dfef9ec88bf0d",
+        "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888",
+        47040016,
+        2051,
+        (60000, 28, 28),
+    ),
+    "train_labels": FileSpec(
+        "train-labels-idx1-ubyte.gz",
+        "25c81989df183df01b3e8a0aad5dffbe",
+        "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9",
+        60008,
+        2049,
+        (60000,),
+    ),
+    "test_images": FileSpec(
+        "t10k-images-idx3-ubyte.gz",
+        "bef4ecab320f06d8554ea6380940ec79",
+        "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b",
+        7840016,
+        2051,
+        (10000, 28, 28),
+    ),
+    "test_labels": FileSpec(
+        "t10k-labels-idx1-ubyte.gz",
+        "bb300cfdad3c16e7a12a480ee83cd310",
+        "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34",
+        10008,
+        2049,
+        (10000,),
+    ),
+}
+
+
+class DatasetError(RuntimeError):
+    """Missing, corrupt or unreadable data: the message is one line saying what to do."""
+
+
+@dataclass(frozen=True)
+class FashionMNIST:
+    train_images: np.ndarray  # uint8 (N, 28, 28)
+    train_labels: np.ndarray  # uint8 (N,)
+    test_images: np.ndarray
+    test_labels: np.ndarray
+    source: str  # the folder the files came from
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "multidevice" / "fashion-mnist"
+
+
+def search_dirs() -> list[Path]:
+    """Where to look, in order: $FASHION_MNIST_DIR, the user cache, the Debian package."""
+    dirs = []
+    if os.environ.get("FASHION_MNIST_DIR"):
+        dirs.append(Path(os.environ["FASHION_MNIST_DIR"]))
+    dirs += [cache_dir(), DEBIAN_DIR]
+    return dirs
+
+
+def find_dir(names=None) -> Path | None:
+    names = names or [spec.name for spec in FILES.values()]
+    for d in search_dirs():
+        if all((d / n).is_file() for n in names):
+            return d
+    return None
+
+
+def decompress(path: Path) -> bytes:
+    try:
+        with gzip.open(path, "rb") as f:
+            return f.read()
+    except (OSError, EOFError, gzip.BadGzipFile) as e:
+        raise DatasetError(
+            f"{path}: cannot be decompressed ({e}); the file is truncated or corrupt: "
+            f"delete it and {HOW_TO_GET}"
+        ) from None
+
+
+def verify(path: Path, spec: FileSpec) -> bytes:
+    """The decompressed content of `path`, checked against the known size and sha256."""
+    content = decompress(path)
+    # The upstream .gz is proven by its md5; Debian's re-compressed one by the content's sha256.
+    upstream = hashlib.md5(path.read_bytes()).hexdigest() == spec.gz_md5
+    if not upstream and (
+        len(content) != spec.size or hashlib.sha256(content).hexdigest() != spec.sha256
+    ):
+        raise DatasetError(
+            f"{path}: failed verification (sha256 of the decompressed content does not "
+            f"match Fashion-MNIST's); delete it and {HOW_TO_GET}"
+        )
+    return content
+
+
+def parse_idx(content: bytes, spec: FileSpec, path: Path) -> np.ndarray:
+    """IDX: big-endian magic (2049 labels, 2051 images), counts, then uint8 data."""
+    ndim = len(spec.shape)
+    header = 4 + 4 * ndim
+    if len(content) < header:
+        raise DatasetError(f"{path}: too short for an IDX header; {HOW_TO_GET}")
+    magic = struct.unpack(">I", content[:4])[0]
+    if magic != spec.magic:
+        raise DatasetError(f"{path}: IDX magic number {magic}, expected {spec.magic}; {HOW_TO_GET}")
+    shape = struct.unpack(f">{ndim}I", content[4:header])
+    if tuple(shape) != spec.shape or len(content) != header + int(np.prod(shape)):
+        raise DatasetError(
+            f"{path}: IDX shape {tuple(shape)} with {len(content) - header} data bytes, "
+            f"expected {spec.shape}; {HOW_TO_GET}"
+        )
+    return np.frombuffer(content, dtype=np.uint8, offset=header).reshape(shape)
+
+
+def download(dest: Path, base_url: str = URL, timeout: float = 60.0) -> None:
+    """Fetch the files missing from `dest`: each to a temporary file, verified, then renamed."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for spec in FILES.values():
+        target = dest / spec.name
+        if target.is_file():
+            continue
+        fd, tmp = tempfile.mkstemp(dir=dest, prefix=f".{spec.name}.", suffix=".part")
+        try:
+            with (
+                os.fdopen(fd, "wb") as out,
+                urllib.request.urlopen(base_url + spec.name, timeout=timeout) as response,
+            ):
+                while chunk := response.read(1 << 20):
+                    out.write(chunk)
+            verify(Path(tmp), spec)
+            os.replace(tmp, target)
+        except (urllib.error.URLError, OSError) as e:
+            raise DatasetError(
+                f"Fashion-MNIST not found locally and the download of {spec.name} failed ({e}); "
+                f"{HOW_TO_GET}"
+            ) from None
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+
+def load(allow_download: bool = True) -> FashionMNIST:
+    """The whole dataset as uint8 arrays, every file verified."""
+    folder = find_dir()
+    if folder is None:
+        if not allow_download:
+            raise DatasetError(f"Fashion-MNIST not found in {_where()}; {HOW_TO_GET}")
+        folder = cache_dir()
+        download(folder)
+    arrays = {}
+    for key, spec in FILES.items():
+        path = folder / spec.name
+        arrays[key] = parse_idx(verify(path, spec), spec, path)
+    return FashionMNIST(**arrays, source=str(folder))
+
+
+def _where() -> str:
+    return ", ".join(str(d) for d in search_dirs())
+
+
+def to_float(images: np.ndarray) -> np.ndarray:
+    """uint8 (N, 28, 28) -> float32 (N, 1, 28, 28) in [0, 1], channels first (frameworks adapt)."""
+    return (images.astype(np.float32) / 255.0)[:, None, :, :]
+
+
+def subset(images: np.ndarray, labels: np.ndarray, n: int | None, seed: int = 0):
+    """The first `n` of a seeded permutation, in index order (all when `n` is None)."""
+    if n is None or n >= len(labels):
+        return images, labels
+    if n < 1:
+        raise DatasetError(f"subset size must be at least 1, got {n}")
+    idx = np.sort(np.random.default_rng(seed).permutation(len(labels))[:n])
+    return images[idx], labels[idx]
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
+    """The index order of one epoch: a permutation of range(n), the same for every framework."""
+    return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+def batches(n: int, batch_size: int, seed: int, epoch: int) -> list[np.ndarray]:
+    """Index arrays of one epoch's batches; the last is smaller when batch_size doesn't divide n."""
+    order = epoch_order(n, seed, epoch)
+    return [order[i : i + batch_size] for i in range(0, n, batch_size)]

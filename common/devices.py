@@ -1,0 +1,123 @@
+"""What GPUS=N and PLATFORM=auto|gpu|cpu mean on this machine (DESIGN.md section 5).
+
+The answer is framework-free data, a `DevicePlan`; each framework turns it into its own device
+objects. No framework is imported here: accelerators are counted the way nvidia-smi sees them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+PLATFORMS = ("auto", "gpu", "cpu")
+MAX_VIRTUAL = 64  # virtual CPU devices share the same cores; more than this teaches nothing
+
+
+class DeviceError(ValueError):
+    """An impossible device request: the message is one line saying what to do."""
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    count: int
+    platform: str  # "gpu" or "cpu"
+    virtual: bool  # True: `count` virtual devices on the host CPU, sharing its cores
+
+    def describe(self) -> str:
+        """d2l style: `2 x cpu (virtual)`, `1 x gpu`."""
+        return f"{self.count} x {self.platform}" + (" (virtual)" if self.virtual else "")
+
+
+def count_accelerators() -> int:
+    """CUDA GPUs visible to this process (CUDA_VISIBLE_DEVICES respected), without a framework."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return 0
+    found = len(gpu_names())
+    if visible is not None:
+        found = min(found, len([v for v in visible.split(",") if v.strip()]))
+    return found
+
+
+def gpu_names() -> list[str]:
+    """Names of the NVIDIA GPUs on the machine (all of them, ignoring CUDA_VISIBLE_DEVICES)."""
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=True,
+            ).stdout
+            return [line.strip() for line in out.splitlines() if line.strip()]
+        except (OSError, subprocess.SubprocessError):
+            pass
+    proc = Path("/proc/driver/nvidia/gpus")
+    if proc.is_dir():
+        return [_proc_gpu_name(d) for d in sorted(proc.iterdir())]
+    return []
+
+
+def _proc_gpu_name(d: Path) -> str:
+    info = d / "information"
+    if info.is_file():
+        match = re.search(r"^Model:\s*(.+)$", info.read_text(), re.M)
+        if match:
+            return match.group(1).strip()
+    return "NVIDIA GPU"
+
+
+def plan(gpus: int, platform: str = "auto", accelerators: int | None = None) -> DevicePlan:
+    """Resolve a request for `gpus` devices; never silently fall back from GPU to CPU."""
+    if platform not in PLATFORMS:
+        raise DeviceError(f"unknown PLATFORM {platform!r}; choose one of {', '.join(PLATFORMS)}")
+    if not isinstance(gpus, int) or gpus < 1:
+        raise DeviceError(f"GPUS must be a whole number of at least 1, got {gpus!r}")
+    if accelerators is None:
+        accelerators = count_accelerators() if platform != "cpu" else 0
+    if platform == "gpu" or (platform == "auto" and accelerators > 0):
+        if accelerators == 0:
+            raise DeviceError(
+                "PLATFORM=gpu but this machine has no CUDA GPU; use PLATFORM=cpu (or auto) "
+                "for virtual CPU devices"
+            )
+        if gpus > accelerators:
+            raise DeviceError(
+                f"GPUS={gpus} but this machine has {accelerators} GPU(s); "
+                f"use GPUS<={accelerators}, or PLATFORM=cpu for {gpus} virtual CPU devices"
+            )
+        return DevicePlan(gpus, "gpu", virtual=False)
+    if gpus > MAX_VIRTUAL:
+        raise DeviceError(f"GPUS={gpus} virtual CPU devices is too many; use at most {MAX_VIRTUAL}")
+    return DevicePlan(gpus, "cpu", virtual=True)
+
+
+def notice(p: DevicePlan) -> str | None:
+    """The line to print when devices are virtual, so nobody mistakes them for accelerators."""
+    if not p.virtual:
+        return None
+    return (
+        f"note: no accelerator in use; running on {p.describe()}: {p.count} virtual devices "
+        f"sharing {os.cpu_count()} CPU core(s), so timings show overheads, not GPU speedups"
+    )
+
+
+JAX_HOST_FLAG = "--xla_force_host_platform_device_count"
+
+
+def set_jax_host_devices(n: int) -> None:
+    """Ask XLA for `n` host (CPU) devices. Must run before JAX is imported, which it checks:
+    XLA_FLAGS read after JAX initialised its backend are silently ignored (DESIGN.md section 9)."""
+    if "jax" in sys.modules:
+        raise DeviceError(
+            "JAX was imported before the device count was set; call "
+            "common.devices.set_jax_host_devices() before importing jax"
+        )
+    flags = re.sub(rf"{JAX_HOST_FLAG}=\d+", "", os.environ.get("XLA_FLAGS", "")).split()
+    os.environ["XLA_FLAGS"] = " ".join([*flags, f"{JAX_HOST_FLAG}={n}"])

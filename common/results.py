@@ -1,0 +1,213 @@
+"""Result records, an append-only JSON Lines store, and environment metadata (DESIGN.md section 7).
+
+One run appends one line. An append is a single `write` of the whole line on a file opened with
+O_APPEND, under an exclusive lock, so concurrent writers and an interrupted run never leave half
+a line; the loader names the file and line of anything it cannot read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import os
+import platform
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from common import devices
+
+DEFAULT_PATH = Path("results/results.jsonl")
+FRAMEWORKS = ("torch", "jax", "mxnet")
+SCHEMA_VERSION = 1
+
+
+class ResultsError(ValueError):
+    """An unreadable results file or record: the message names file:line."""
+
+
+@dataclass
+class Record:
+    framework: str
+    workload: str
+    strategy: str
+    devices: int
+    platform: str  # "gpu" or "cpu"
+    virtual: bool  # True: virtual CPU devices sharing the host's cores
+    device_names: list[str]
+    preset: str
+    batch_size: int
+    lr: float
+    epochs: int | None = None
+    # {"median", "mean", "std", "min", "max", "n"}: per epoch (lenet, resnet18) ...
+    sec_per_epoch: dict | None = None
+    # ... or per repeat of `num_batches` training steps (resnet50)
+    seconds: dict | None = None
+    warmup_seconds: float | None = None
+    images_per_sec: float | None = None
+    test_acc: float | None = None
+    test_acc_per_epoch: list[float] = field(default_factory=list)
+    train_loss: list[float] = field(default_factory=list)
+    extrapolated: bool = False  # True: the epoch time is projected from fewer steps
+    steps_timed: int | None = None  # steps actually run per epoch when extrapolated
+    split_size: int | None = None
+    extra: dict = field(default_factory=dict)  # workload-specific: memory, utilisation, ...
+    versions: dict = field(default_factory=dict)
+    hardware: dict = field(default_factory=dict)
+    git_commit: str | None = None
+    timestamp: str = ""
+    schema: int = SCHEMA_VERSION
+
+    def __post_init__(self):
+        if self.framework not in FRAMEWORKS:
+            raise ResultsError(f"unknown framework {self.framework!r}")
+        if self.sec_per_epoch is None and self.seconds is None:
+            raise ResultsError("a record needs sec_per_epoch or seconds")
+        if not self.timestamp:
+            self.timestamp = datetime.now(UTC).isoformat(timespec="seconds")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Record:
+        names = {f.name for f in dataclasses.fields(cls)}
+        missing = [f.name for f in dataclasses.fields(cls) if _required(f) and f.name not in d]
+        if missing:
+            raise ResultsError(f"missing field(s) {', '.join(missing)}")
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def _required(f: dataclasses.Field) -> bool:
+    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+
+
+def append(record: Record, path: str | os.PathLike = DEFAULT_PATH) -> Path:
+    """Append `record` as one line: one locked O_APPEND write, so never a half line."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = (json.dumps(record.to_dict(), sort_keys=True, allow_nan=False) + "\n").encode()
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        # A previous writer killed mid-write (not by us) could leave no newline; start fresh.
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            line = b"\n" + line
+        written = os.write(fd, line)
+        if written != len(line):
+            raise ResultsError(f"{path}: short write ({written} of {len(line)} bytes)")
+        os.fsync(fd)
+    finally:
+        os.close(fd)  # closing releases the lock
+    return path
+
+
+def load(paths, skip_bad: bool = False, warnings: list[str] | None = None) -> list[Record]:
+    """All records in `paths`. A bad line raises ResultsError naming file:line, or with
+    `skip_bad` is left out and described in `warnings`."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    records = []
+    for path in map(Path, paths):
+        if not path.is_file():
+            raise ResultsError(f"{path}: no such results file")
+        with path.open(encoding="utf-8") as f:
+            for number, text in enumerate(f, start=1):
+                if not text.strip():
+                    continue
+                try:
+                    data = json.loads(text)
+                    if not isinstance(data, dict):
+                        raise ResultsError("not a JSON object")
+                    records.append(Record.from_dict(data))
+                except (json.JSONDecodeError, ResultsError, TypeError) as e:
+                    message = f"{path}:{number}: bad results line ({_short(e)})"
+                    if not skip_bad:
+                        raise ResultsError(message) from None
+                    if warnings is not None:
+                        warnings.append(message)
+    return records
+
+
+def _short(e: Exception) -> str:
+    return str(e).splitlines()[0][:200]
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            cwd=Path(__file__).resolve().parent,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        cwd=Path(__file__).resolve().parent,
+    ).stdout.strip()
+    return out.stdout.strip() + ("-dirty" if dirty else "")
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def gpu_details() -> list[dict]:
+    """Name, memory and driver of each GPU, from nvidia-smi (empty without one)."""
+    try:
+        out = subprocess.run(
+            [
+                "nvidia-smi",
+                "--query-gpu=name,memory.total,driver_version",
+                "--format=csv,noheader",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    rows = []
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 3:
+            rows.append({"name": parts[0], "memory": parts[1], "driver": parts[2]})
+    return rows
+
+
+def environment(framework_versions: dict[str, str]) -> tuple[dict, dict]:
+    """(versions, hardware) for a record: what produced a number, and on what."""
+    import numpy
+
+    versions = {
+        "python": platform.python_version(),
+        "numpy": numpy.__version__,
+        **framework_versions,
+    }
+    hardware = {
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "gpus": gpu_details(),
+        "host_platform": f"{sys.platform}-{platform.machine()}",
+        "accelerators_visible": devices.count_accelerators(),
+    }
+    return versions, hardware

@@ -1,0 +1,58 @@
+import importlib
+
+import pytest
+
+from common import cli
+
+
+def test_zero_gpus_is_a_clear_error(capsys):
+    assert cli.run("torch", ["--workload", "lenet", "--gpus", "0", "--platform", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.startswith("error: GPUS must be a whole number of at least 1") and err.count("\n") == 1
+    )
+
+
+def test_unknown_preset_and_workload_are_refused(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.run("torch", ["--workload", "lenet", "--preset", "huge"])
+    assert e.value.code == 2
+    with pytest.raises(SystemExit):
+        cli.run("torch", ["--workload", "vgg"])
+    assert "invalid choice: 'vgg'" in capsys.readouterr().err
+
+
+def test_bad_setting_fails_before_the_framework_is_imported(monkeypatch, capsys):
+    monkeypatch.setattr(importlib, "import_module", lambda name: pytest.fail("imported"))
+    argv = [
+        "--workload",
+        "resnet50",
+        "--platform",
+        "cpu",
+        "--preset",
+        "smoke",
+        "--split-size",
+        "99",
+    ]
+    assert cli.run("torch", argv) == 2
+    assert "split_size must be between 1 and the batch size 4" in capsys.readouterr().err
+
+
+def test_missing_workload_module_says_not_implemented(monkeypatch, capsys):
+    def missing(name):
+        raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+    monkeypatch.setattr(importlib, "import_module", missing)
+    assert cli.run("jax", ["--workload", "lenet", "--platform", "cpu", "--preset", "smoke"]) == 3
+    assert "not implemented yet for jax" in capsys.readouterr().err
+
+
+def test_final_line_d2l_style():
+    from common import devices
+
+    plan = devices.DevicePlan(2, "cpu", True)
+    assert (
+        cli.final_line(0.8412, 2.84, plan, False)
+        == "test acc: 0.84, 2.8 sec/epoch on [2 x cpu (virtual)]"
+    )
+    assert "(extrapolated)" in cli.final_line(0.1, 2.0, plan, True)

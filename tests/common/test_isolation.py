@@ -1,0 +1,25 @@
+"""common/ is framework-free (DESIGN.md section 2): it must import with every framework blocked."""
+
+import subprocess
+import sys
+
+BLOCK = """
+import importlib.abc, sys
+BLOCKED = {"torch", "torchvision", "jax", "jaxlib", "flax", "optax", "mxnet"}
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ImportError(f"{name} is blocked in this test")
+sys.meta_path.insert(0, Block())
+import common.cli, common.config, common.data, common.devices, common.info
+import common.results, common.timing, common.weights
+loaded = BLOCKED & {m.split(".")[0] for m in sys.modules}
+assert not loaded, loaded
+print("ok")
+"""
+
+
+def test_common_imports_without_any_framework():
+    out = subprocess.run([sys.executable, "-c", BLOCK], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"

@@ -1,0 +1,112 @@
+import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from common import results
+
+
+def make(**kw) -> results.Record:
+    base = dict(
+        framework="torch",
+        workload="lenet",
+        strategy="scratch",
+        devices=2,
+        platform="cpu",
+        virtual=True,
+        device_names=["cpu", "cpu"],
+        preset="smoke",
+        batch_size=256,
+        lr=0.2,
+        epochs=1,
+        sec_per_epoch={"median": 1.0, "mean": 1.0, "std": 0.0, "min": 1.0, "max": 1.0, "n": 1},
+        test_acc=0.5,
+        train_loss=[2.3],
+    )
+    base.update(kw)
+    return results.Record(**base)
+
+
+def test_round_trip(tmp_path):
+    path = tmp_path / "r.jsonl"
+    a, b = make(), make(framework="jax", split_size=3)
+    results.append(a, path)
+    results.append(b, path)
+    assert results.load(path) == [a, b]
+
+
+def test_bad_line_is_reported_with_file_and_line(tmp_path):
+    path = tmp_path / "r.jsonl"
+    results.append(make(), path)
+    with path.open("a") as f:
+        f.write('{"framework": "torch", "workl\n')
+    results.append(make(), path)
+    with pytest.raises(results.ResultsError, match=r"r\.jsonl:2: bad results line"):
+        results.load(path)
+    warnings = []
+    assert len(results.load(path, skip_bad=True, warnings=warnings)) == 2
+    assert len(warnings) == 1 and ":2:" in warnings[0]
+
+
+def test_record_missing_fields_is_a_bad_line(tmp_path):
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps({"framework": "torch"}) + "\n")
+    with pytest.raises(results.ResultsError, match=r":1: bad results line \(missing field"):
+        results.load(path)
+
+
+def test_unknown_framework_is_refused():
+    with pytest.raises(results.ResultsError, match="unknown framework"):
+        make(framework="tensorflow")
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(results.ResultsError, match="no such results file"):
+        results.load(tmp_path / "nope.jsonl")
+
+
+def writer(path, index, count):
+    for i in range(count):
+        results.append(make(batch_size=index * 1000 + i, extra={"pad": "x" * 5000}), path)
+
+
+def test_concurrent_appends_leave_only_whole_lines(tmp_path):
+    path = tmp_path / "r.jsonl"
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=writer, args=(path, i, 25)) for i in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    loaded = results.load(path)
+    assert sorted(r.batch_size for r in loaded) == sorted(
+        i * 1000 + j for i in range(4) for j in range(25)
+    )
+
+
+def test_interrupted_writer_never_leaves_a_half_line(tmp_path):
+    """Kill a writer mid-stream many times over: every line stays whole."""
+    path = tmp_path / "r.jsonl"
+    code = (
+        f"import sys; sys.path.insert(0, {os.getcwd()!r}); "
+        f"from tests.common.test_results import writer; writer({str(path)!r}, 7, 10000)"
+    )
+    for _ in range(3):
+        proc = subprocess.Popen([sys.executable, "-c", code])
+        while not path.exists() or path.stat().st_size < 20000:
+            if proc.poll() is not None:
+                break
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert results.load(path)  # raises on any partial line
+
+
+def test_environment_metadata():
+    versions, hardware = results.environment({"torch": "x"})
+    assert versions["torch"] == "x" and "numpy" in versions and "python" in versions
+    assert hardware["cpu"] and hardware["cpu_count"] >= 1
