@@ -1,0 +1,43 @@
+"""A DevicePlan as JAX devices, the barrier for the timer, and versions for the record.
+
+The host device count was set before JAX was imported (jax_impl/__main__.py, or the tests'
+conftest); here we only take the first N devices of the platform.
+"""
+
+import jax
+
+from common import devices
+
+
+def get_devices(plan: devices.DevicePlan) -> list[jax.Device]:
+    backend = "gpu" if plan.platform == "gpu" else "cpu"
+    found = jax.devices(backend)
+    if len(found) < plan.count:
+        raise devices.DeviceError(
+            f"JAX sees {len(found)} {backend} device(s), {plan.count} requested; for virtual CPU "
+            "devices set the count before importing jax (common.devices.set_jax_host_devices)"
+        )
+    return found[: plan.count]
+
+
+def sync(tree=None) -> None:
+    """JAX dispatches asynchronously: wait until every array in `tree` is computed."""
+    if tree is not None:
+        jax.block_until_ready(tree)
+
+
+def device_names(devs: list[jax.Device]) -> list[str]:
+    return [f"{d.platform}:{d.id} {d.device_kind}" for d in devs]
+
+
+def versions() -> dict[str, str]:
+    import flax
+    import jaxlib
+    import optax
+
+    return {
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "flax": flax.__version__,
+        "optax": optax.__version__,
+    }
