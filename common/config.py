@@ -100,7 +100,9 @@ _PRESETS: dict[str, dict[str, dict]] = {
         "smoke": {
             "num_batches": 1,
             "batch_size": 4,
-            "image_size": 32,
+            # 64, not 32: at 32x32 layer4 is 1x1, and torch's BatchNorm refuses a micro-batch
+            # of 1 in train mode (one value per channel), which the sweep's split 1 makes.
+            "image_size": 64,
             "repeats": 1,
             "warmup": 1,
             "split_size": 2,

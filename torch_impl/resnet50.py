@@ -1,0 +1,467 @@
+"""ResNet-50 split over devices: model parallel and pipelined, after the PyTorch tutorial
+"Single-machine model parallel best practices", timed correctly (DESIGN.md sections 1, 6).
+
+Read in order: the toy model (the whole idea in ten lines), the network and how it is cut into
+stages, the model-parallel and pipelined models, the training loop, the split-size sweep, main.
+torch only: `gpipe` and `1f1b` run the same stages on torch.distributed.pipelining, one process
+per stage started through torchrun (gloo on CPU, NCCL on GPU).
+"""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn, optim
+from torchvision.models.resnet import Bottleneck, ResNet
+
+from common import cli, config, results, timing
+from torch_impl import devices as tdev
+
+STRATEGIES = ("single", "model_parallel", "pipeline", "gpipe", "1f1b")
+# ResNet-50 cut into a sequence of blocks: the stem, the 16 bottlenecks, the head.
+LAYERS = (("layer1", 64, 3, 1), ("layer2", 128, 4, 2), ("layer3", 256, 6, 2), ("layer4", 512, 3, 2))
+BLOCKS = ("stem", *(f"{name}.{i}" for name, _, n, _ in LAYERS for i in range(n)), "head")
+
+
+class ToyModel(nn.Module):
+    """The tutorial's first example: one layer per device, the activation moved in between."""
+
+    def __init__(self, devices):
+        super().__init__()
+        self.devices = [devices[0], devices[-1]]
+        self.net1 = nn.Linear(10, 10).to(self.devices[0])
+        self.relu = nn.ReLU()
+        self.net2 = nn.Linear(10, 5).to(self.devices[1])
+
+    def forward(self, x):
+        x = self.relu(self.net1(x.to(self.devices[0])))
+        return self.net2(x.to(self.devices[1]))
+
+
+def train_toy(devices, lr=0.001, seed=0):
+    """One SGD step of ToyModel; autograd follows the activation back across devices.
+    Returns the model (updated in place) and the loss before the step."""
+    torch.manual_seed(seed)
+    model = ToyModel(devices)
+    inputs, labels = torch.randn(20, 10), torch.randn(20, 5)
+    optimizer = optim.SGD(model.parameters(), lr=lr)
+    optimizer.zero_grad()
+    outputs = model(inputs)
+    loss = nn.functional.mse_loss(outputs, labels.to(outputs.device))  # labels go to the output
+    loss.backward()
+    optimizer.step()
+    return model, loss.item()
+
+
+def block_flops(image_size=224, num_classes=1000):
+    """Multiply-accumulates of each block of BLOCKS for one image (convolutions and fc)."""
+    size = (image_size - 1) // 2 + 1  # conv1, stride 2
+    flops = [size * size * 7 * 7 * 3 * 64]
+    size = (size - 1) // 2 + 1  # max-pool, stride 2
+    inplanes = 64
+    for _, planes, n, stride in LAYERS:
+        for i in range(n):
+            out = (size - 1) // (stride if i == 0 else 1) + 1
+            f = size * size * inplanes * planes + out * out * planes * (9 * planes + 4 * planes)
+            if i == 0:
+                f += out * out * inplanes * 4 * planes  # downsample
+            flops.append(f)
+            size, inplanes = out, 4 * planes
+    flops.append(4 * 512 * num_classes)
+    return flops
+
+
+def stage_blocks(n_stages):
+    """The names of the blocks of each stage. Two stages: the tutorial's split exactly (stem +
+    layer1 + layer2 | layer3 + layer4 + avgpool + fc). Otherwise contiguous stages balanced by
+    FLOPs (at 224x224): the slowest stage sets a pipeline's pace, and FLOPs track time where
+    parameter counts do not (layer4 holds 58% of the parameters but 20% of the FLOPs)."""
+    if not 1 <= n_stages <= len(BLOCKS):
+        raise config.ConfigError(
+            f"ResNet-50 has {len(BLOCKS)} blocks to place; use 1 to {len(BLOCKS)} devices, "
+            f"got {n_stages}"
+        )
+    if n_stages == 2:
+        cut = BLOCKS.index("layer3.0")
+        return [BLOCKS[:cut], BLOCKS[cut:]]
+    prefix = [0]
+    for f in block_flops():
+        prefix.append(prefix[-1] + f)
+    n = len(BLOCKS)
+    # best[k, j]: (largest stage FLOPs, cut points) for the first j blocks in k stages
+    best = {(0, 0): (0, ())}
+    for k in range(1, n_stages + 1):
+        for j in range(k, n - (n_stages - k) + 1):
+            best[k, j] = min(
+                (max(best[k - 1, i][0], prefix[j] - prefix[i]), (*best[k - 1, i][1], j))
+                for i in range(k - 1, j)
+                if (k - 1, i) in best
+            )
+    cuts = (0, *best[n_stages, n][1])
+    return [BLOCKS[a:b] for a, b in zip(cuts, cuts[1:], strict=False)]
+
+
+def resnet50(num_classes=1000):
+    """torchvision's ResNet-50 (Bottleneck, [3, 4, 6, 3]), as the tutorial builds it."""
+    return ResNet(Bottleneck, [3, 4, 6, 3], num_classes=num_classes)
+
+
+def get_weights(model):
+    """The shared weight format (common/weights.py): torch's state_dict is already its layout."""
+    state = model.state_dict()
+    return {k: v.detach().cpu().numpy() for k, v in state.items() if "num_batches" not in k}
+
+
+def set_weights(model, params):
+    """Copy shared-format arrays into `model` in place (each tensor stays on its device)."""
+    state = {k: torch.as_tensor(v) for k, v in params.items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if "num_batches" not in k]
+    if missing or unexpected:
+        raise ValueError(f"weights do not match: missing {missing[:3]}, extra {unexpected[:3]}")
+
+
+def split_into_stages(model, devices):
+    """One nn.Sequential per device, made of `model`'s own layers (shared, not copied), moved
+    to its device."""
+    parts = {
+        "stem": [model.conv1, model.bn1, model.relu, model.maxpool],
+        "head": [model.avgpool, nn.Flatten(1), model.fc],
+    }
+    stages = []
+    for names, device in zip(stage_blocks(len(devices)), devices, strict=True):
+        layers = [m for b in names for m in (parts[b] if b in parts else [model.get_submodule(b)])]
+        stages.append(nn.Sequential(*layers).to(device))
+    return stages
+
+
+class ModelParallelResNet50(ResNet):
+    """Stage i on devices[i]; the activation moves to the next device between stages."""
+
+    def __init__(self, devices, num_classes=1000):
+        super().__init__(Bottleneck, [3, 4, 6, 3], num_classes=num_classes)
+        self.devices = list(devices)
+        # A plain list, not a ModuleList: the stages share the model's layers, and registering
+        # them again would give every weight a second name in state_dict().
+        self.stages = split_into_stages(self, self.devices)
+
+    def forward(self, x):
+        for stage, device in zip(self.stages, self.devices, strict=True):
+            x = stage(x.to(device))
+        return x
+
+
+class PipelineParallelResNet50(ModelParallelResNet50):
+    """The batch cut into micro-batches of `split_size` (the last one may be smaller): while
+    stage s+1 works on micro-batch i, stage s works on micro-batch i+1 (CUDA launches are
+    asynchronous, so both devices run at once; on CPU the ops run one after another)."""
+
+    def __init__(self, devices, split_size=20, num_classes=1000):
+        super().__init__(devices, num_classes)
+        self.split_size = split_size
+
+    def forward(self, x):
+        config.check_split_size(self.split_size, len(x))
+        acts = list(x.split(self.split_size, dim=0))
+        n, m = len(self.stages), len(acts)
+        # At tick t stage s takes micro-batch t - s; later stages are launched first, so for two
+        # stages this is the tutorial's loop exactly.
+        for t in range(m + n - 1):
+            for s in reversed(range(n)):
+                if 0 <= t - s < m:
+                    acts[t - s] = self.stages[s](acts[t - s].to(self.devices[s]))
+        return torch.cat(acts)
+
+
+def make_data(cfg, devices):
+    """num_batches batches of random images, made on the first device before any clock starts,
+    and one-hot labels on the last device (where the output lands)."""
+    gen = torch.Generator(device=devices[0]).manual_seed(cfg.seed)
+    shape = (cfg.num_batches, cfg.batch_size, 3, cfg.image_size, cfg.image_size)
+    inputs = torch.randn(shape, generator=gen, device=devices[0])
+    classes = torch.randint(
+        0, cfg.num_classes, (cfg.num_batches, cfg.batch_size), generator=torch.Generator()
+    )
+    labels = nn.functional.one_hot(classes, cfg.num_classes).float().to(devices[-1])
+    return inputs, labels
+
+
+def measure_stages(model, cfg, repeats=3):
+    """For the compare report's pipeline model: seconds each stage takes for one whole batch,
+    forward and backward, on its own device, stages run one after another (median of
+    `repeats`); parameters per stage; peak memory per stage (torch.cuda.max_memory_allocated,
+    read before this runs) or else parameter + gradient bytes."""
+    x = make_data(dataclasses.replace(cfg, num_batches=1), model.devices)[0][0]
+    seconds, params, memory = [], [], []
+    for i, (stage, device) in enumerate(zip(model.stages, model.devices, strict=True)):
+        x = x.to(device).detach().requires_grad_(i > 0)  # later stages need the input grad
+
+        def step(stage=stage, x=x):
+            out = stage(x)
+            out.backward(torch.ones_like(out))
+
+        timer = timing.benchmark(step, lambda device=device: tdev.sync([device]), repeats)
+        seconds.append(timer.stats().median)
+        params.append(sum(p.numel() for p in stage.parameters()))
+        if device.type == "cuda":
+            memory.append(torch.cuda.max_memory_allocated(device))
+        else:
+            memory.append(sum(2 * p.numel() * p.element_size() for p in stage.parameters()))
+        with torch.no_grad():
+            x = stage(x)
+    model.zero_grad(set_to_none=True)
+    source = "max_memory_allocated" if model.devices[0].type == "cuda" else "param_grad_bytes"
+    return {
+        "num_stages": len(model.stages),
+        "stage_blocks": [list(b) for b in stage_blocks(len(model.stages))],
+        "stage_seconds": seconds,
+        "stage_params": params,
+        "stage_peak_memory_bytes": memory,
+        "memory_source": source,
+    }
+
+
+def train(model, cfg, devices, train_bn=True):
+    """The tutorial's loop: MSE on one-hot labels, SGD, `num_batches` steps per timed repeat,
+    `warmup` repeats apart. train_bn=False: BatchNorm uses its running statistics, so cutting
+    the batch into micro-batches changes nothing (tests). Returns the Timer and every loss."""
+    model.train(train_bn)
+    loss_fn = nn.MSELoss()
+    optimizer = optim.SGD(model.parameters(), lr=cfg.lr)
+    inputs, labels = make_data(cfg, devices)
+    timer = timing.Timer(lambda: tdev.sync(devices), warmup=cfg.warmup)
+    losses = []
+    for _ in range(cfg.warmup + cfg.repeats):
+        with timer.region():
+            for b in range(cfg.num_batches):
+                optimizer.zero_grad()
+                outputs = model(inputs[b])
+                loss = loss_fn(outputs, labels[b])
+                loss.backward()
+                optimizer.step()
+                losses.append(loss.detach())  # read after the clock stops: .item() would sync
+    return timer, [loss.item() for loss in losses]
+
+
+def build(strategy, devices, split_size, num_classes):
+    if strategy == "single":
+        return resnet50(num_classes).to(devices[0])
+    if strategy == "model_parallel":
+        return ModelParallelResNet50(devices, num_classes)
+    return PipelineParallelResNet50(devices, split_size, num_classes)
+
+
+def run_strategy(args, plan, cfg, devs, strategy, split_size=None, sweep=False):
+    """Build, train, time and record one strategy; returns the record."""
+    used = devs[:1] if strategy == "single" else devs
+    torch.manual_seed(cfg.seed)
+    for d in dict.fromkeys(used):
+        if d.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(d)
+    if strategy in ("gpipe", "1f1b"):
+        out = launch_pipelining(cfg, plan, strategy, split_size)
+        timer = timing.Timer(warmup=cfg.warmup)
+        timer.warmup_times, timer.times = out["warmup_times"], out["times"]
+        losses, extra = out["losses"], out["extra"]
+    else:
+        model = build(strategy, used, split_size, cfg.num_classes)
+        timer, losses = train(model, cfg, used)
+        extra = measure_stages(model, cfg) if strategy != "single" else {}
+    stats = timer.stats()
+    rec = cli.make_record(
+        "torch",
+        args,
+        dataclasses.replace(plan, count=len(used)),
+        cfg,
+        tdev.device_names(used),
+        tdev.versions(),
+        strategy=strategy,
+        seconds=stats.to_dict(),
+        warmup_seconds=timer.warmup_seconds,
+        images_per_sec=cfg.num_batches * cfg.batch_size / stats.median,
+        train_loss=losses,
+        split_size=split_size,
+        extra={**extra, "num_batches": cfg.num_batches, "image_size": cfg.image_size}
+        | ({"sweep": True} if sweep else {}),
+    )
+    results.append(rec, args.results)
+    split = f" (split {split_size})" if split_size else ""
+    print(
+        f"resnet50 {strategy}{split}: {stats} per {cfg.num_batches} batch(es) of "
+        f"{cfg.batch_size}, {rec.images_per_sec:.1f} images/s, loss {losses[-1]:.4f} "
+        f"on [{plan.describe() if len(used) > 1 else f'1 x {plan.platform}'}]",
+        flush=True,
+    )
+    return rec
+
+
+def sweep_split_sizes(args, plan, cfg, devs):
+    """The tutorial's last experiment: the pipelined model at every split size of the preset."""
+    for split_size in cfg.split_sizes:
+        config.check_split_size(split_size, cfg.batch_size)  # all checked before any result
+    return [
+        run_strategy(args, plan, cfg, devs, "pipeline", split_size, sweep=True)
+        for split_size in cfg.split_sizes
+    ]
+
+
+# --- torch only: the same stages on torch.distributed.pipelining, one process per stage --------
+def check_pipelining(strategy, n_stages, split_size, batch_size):
+    """The engine needs equal micro-batches (static shapes); 1F1B needs at least one per stage."""
+    if batch_size % split_size:
+        raise config.ConfigError(
+            f"{strategy} needs micro-batches of equal size: split_size {split_size} must divide "
+            f"the batch size {batch_size}"
+        )
+    if strategy == "1f1b" and batch_size // split_size < n_stages:
+        raise config.ConfigError(
+            f"1f1b needs at least {n_stages} micro-batches (one per stage); split_size "
+            f"{split_size} of batch {batch_size} gives {batch_size // split_size}"
+        )
+
+
+def launch_pipelining(cfg, plan, strategy, split_size, train_bn=True):
+    """Start one process per stage with torchrun and return what the last stage reports."""
+    spec = {
+        "cfg": dataclasses.asdict(cfg),
+        "strategy": strategy,
+        "split_size": split_size,
+        "gpu": plan.platform == "gpu",
+        "train_bn": train_bn,
+    }
+    env = dict(os.environ)
+    # torchrun would set 1 thread per worker (DESIGN.md section 9): share the cores instead.
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // plan.count)))
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    with tempfile.TemporaryDirectory() as tmp:
+        spec["out"] = str(Path(tmp) / "result.json")
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={plan.count}",
+            "-m",
+            "torch_impl.resnet50",
+            "--pipelining-worker",
+            json.dumps(spec),
+        ]
+        proc = subprocess.run(cmd, env=env, cwd=root)
+        if proc.returncode != 0 or not Path(spec["out"]).is_file():
+            raise RuntimeError(f"torchrun for {strategy} failed with exit code {proc.returncode}")
+        return json.loads(Path(spec["out"]).read_text())
+
+
+def pipelining_worker(spec):
+    """One torchrun process: build the seeded model, keep this rank's stage, run the schedule."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    cfg = config.Resnet50Config(**{**spec["cfg"], "split_sizes": tuple(spec["cfg"]["split_sizes"])})
+    dist.init_process_group("nccl" if spec["gpu"] else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if spec["gpu"]:
+        device = torch.device(f"cuda:{int(os.environ['LOCAL_RANK'])}")
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    torch.manual_seed(cfg.seed)
+    model = resnet50(cfg.num_classes)  # every rank builds the same model and keeps its stage
+    placement = [device if r == rank else torch.device("cpu") for r in range(world)]
+    stage_module = split_into_stages(model, placement)[rank]
+    stage_module.train(spec["train_bn"])
+    stage = PipelineStage(stage_module, rank, world, device)
+    schedule_cls = ScheduleGPipe if spec["strategy"] == "gpipe" else Schedule1F1B
+    # Mean loss per micro-batch and gradients divided by their number (scale_grads): with equal
+    # micro-batches that is the whole batch's mean, as in `train`.
+    n_micro = cfg.batch_size // spec["split_size"]
+    schedule = schedule_cls(stage, n_microbatches=n_micro, loss_fn=nn.MSELoss())
+    optimizer = optim.SGD(stage_module.parameters(), lr=cfg.lr)
+    inputs, labels = make_data(cfg, [device])
+
+    def barrier():
+        tdev.sync([device])
+        dist.barrier()
+
+    timer = timing.Timer(barrier, warmup=cfg.warmup)
+    losses = []
+    for _ in range(cfg.warmup + cfg.repeats):
+        with timer.region():
+            for b in range(cfg.num_batches):
+                optimizer.zero_grad()
+                micro_losses = []
+                if rank == 0:
+                    schedule.step(inputs[b])
+                elif rank == world - 1:
+                    schedule.step(target=labels[b], losses=micro_losses)
+                    losses.append(torch.stack(micro_losses).mean().detach())
+                else:
+                    schedule.step()
+                optimizer.step()
+    stage_params = [None] * world
+    dist.all_gather_object(stage_params, sum(p.numel() for p in stage_module.parameters()))
+    if rank == world - 1:
+        out = {
+            "times": timer.times,
+            "warmup_times": timer.warmup_times,
+            "losses": [loss.item() for loss in losses],
+            "extra": {
+                "num_stages": world,
+                "stage_params": stage_params,
+                "n_microbatches": n_micro,
+                "engine": "torch.distributed.pipelining",
+                "backend": dist.get_backend(),
+            },
+        }
+        Path(spec["out"]).write_text(json.dumps(out))
+    dist.destroy_process_group()
+
+
+def plan_strategies(args, plan, cfg):
+    """Which strategies to run, every check made before anything runs or is written."""
+    if args.amp != "off":
+        raise config.ConfigError("resnet50 runs in float32 only (--amp off)")
+    stage_blocks(plan.count)
+    if args.sweep:
+        if args.strategy not in (None, "pipeline"):
+            raise config.ConfigError("--sweep runs the pipeline strategy; drop --strategy")
+        strategies = ["pipeline"]
+    elif args.strategy is None:
+        strategies = ["single"] if plan.count == 1 else ["single", "model_parallel", "pipeline"]
+    elif args.strategy not in STRATEGIES:
+        raise config.ConfigError(
+            f"unknown strategy {args.strategy!r} for torch resnet50; choose one of "
+            f"{', '.join(STRATEGIES)}"
+        )
+    else:
+        strategies = [args.strategy]
+    for s in strategies:
+        if s != "single" and plan.count < 2:
+            raise config.ConfigError(f"strategy {s!r} needs at least 2 devices (GPUS>=2)")
+        if s in ("gpipe", "1f1b"):
+            check_pipelining(s, plan.count, cfg.split_size, cfg.batch_size)
+    return strategies
+
+
+def main(args, plan):
+    cfg = config.for_devices(
+        config.get_config(args.workload, args.preset, **cli.overrides(args)), plan.count
+    )
+    strategies = plan_strategies(args, plan, cfg)
+    devs = tdev.get_devices(plan)
+    if args.sweep:
+        sweep_split_sizes(args, plan, cfg, devs)
+        return
+    for strategy in strategies:
+        split = cfg.split_size if strategy in ("pipeline", "gpipe", "1f1b") else None
+        run_strategy(args, plan, cfg, devs, strategy, split)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--pipelining-worker"]:
+    pipelining_worker(json.loads(sys.argv[2]))
