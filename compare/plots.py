@@ -1,0 +1,255 @@
+"""PNG plots with matplotlib's object-oriented API on the Agg canvas (no pyplot, no display).
+
+Every function writes one file and returns its path, or None when there is nothing to draw.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from compare import pipeline_model
+from compare.tables import DpRow, R50Row, device_counts
+
+COLORS = {"torch": "#ee4c2c", "jax": "#4a7bd0", "mxnet": "#2ca02c"}
+MARKERS = "osD^vP*X"
+
+
+def _figure(width: float = 7.5, height: float = 4.5) -> Figure:
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    return path
+
+
+def _color(framework: str, i: int) -> str:
+    return COLORS.get(framework.split("+")[0], f"C{i % 10}")
+
+
+def sec_bars(path: Path, title: str, rows: list[DpRow]) -> Path | None:
+    """sec/epoch per row, one bar per device count, std as error bars; hatched: extrapolated."""
+    if not rows:
+        return None
+    counts = device_counts(rows)
+    fig = _figure()
+    ax = fig.add_subplot()
+    width = 0.8 / len(counts)
+    x = np.arange(len(rows))
+    for j, n in enumerate(counts):
+        shown = [(i, row.cells[n]) for i, row in enumerate(rows) if n in row.cells]
+        bars = ax.bar(
+            [x[i] + (j - (len(counts) - 1) / 2) * width for i, _ in shown],
+            [e.median for _, e in shown],
+            width,
+            yerr=[e.std for _, e in shown],
+            capsize=3,
+            color=f"C{j}",
+            edgecolor="black",
+            linewidth=0.5,
+            label=f"{n} device(s)",
+        )
+        for bar, (_, e) in zip(bars, shown, strict=True):
+            if e.rec.extrapolated:
+                bar.set_hatch("//")
+    ax.set_xticks(x, [f"{r.framework}\n{r.label}" for r in rows])
+    ax.set_ylabel("sec/epoch (median, std)")
+    extrapolated = any(e.rec.extrapolated for r in rows for e in r.cells.values())
+    ax.set_title(title + ("\nhatched: extrapolated from fewer steps" if extrapolated else ""))
+    ax.legend()
+    return _save(fig, path)
+
+
+def scaling(path: Path, title: str, rows: list[DpRow]) -> Path | None:
+    """Speedup against the same row's 1-device time, with the ideal line."""
+    lines = []
+    for row in rows:
+        points = [(n, row.speedup(n)[0]) for n in sorted(row.cells) if row.speedup(n)]
+        if len(points) > 1:
+            lines.append((row, points))
+    if not lines:
+        return None
+    counts = device_counts(rows)
+    fig = _figure(6, 4.5)
+    ax = fig.add_subplot()
+    ax.plot(counts, counts, "k--", linewidth=1, label="ideal")
+    for i, (row, points) in enumerate(lines):
+        n, s = zip(*points, strict=True)
+        ax.plot(
+            n,
+            s,
+            marker=MARKERS[i % len(MARKERS)],
+            color=_color(row.framework, i),
+            label=f"{row.framework} {row.label}" + (" *" if row.extrapolated(*n) else ""),
+        )
+    ax.set_xticks(counts)
+    ax.set_xlabel("devices")
+    ax.set_ylabel("speedup vs 1 device")
+    ax.set_title(title)
+    ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def accuracy(path: Path, title: str, rows: list[DpRow]) -> Path | None:
+    """Test accuracy after every epoch, one line per row and device count."""
+    curves = [
+        (row, n, e.rec.test_acc_per_epoch)
+        for row in rows
+        for n, e in sorted(row.cells.items())
+        if e.rec.test_acc_per_epoch
+    ]
+    if not curves:
+        return None
+    fig = _figure(6.5, 4.5)
+    ax = fig.add_subplot()
+    for i, (row, n, accs) in enumerate(curves):
+        ax.plot(
+            range(1, len(accs) + 1),
+            accs,
+            marker=MARKERS[i % len(MARKERS)],
+            linestyle="-" if n == 1 else "--",
+            color=_color(row.framework, i),
+            label=f"{row.framework} {row.label}, {n} dev",
+        )
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("test accuracy")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_title(title)
+    ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+R50_BARS = ("single", "model_parallel", "pipeline", "best split", "gpipe", "1f1b")
+
+
+def r50_bars(path: Path, title: str, rows: list[R50Row]) -> Path | None:
+    """Seconds per timed repeat of every resnet50 strategy, per framework."""
+    if not rows:
+        return None
+    fig = _figure()
+    ax = fig.add_subplot()
+    width = 0.8 / len(R50_BARS)
+    for j, name in enumerate(R50_BARS):
+        xs, ys, errs = [], [], []
+        for i, row in enumerate(rows):
+            e = row.best() if name == "best split" else row.runs.get(name)
+            if e is not None:
+                xs.append(i + (j - (len(R50_BARS) - 1) / 2) * width)
+                ys.append(e.median)
+                errs.append(e.std)
+        if xs:
+            ax.bar(xs, ys, width, yerr=errs, capsize=3, color=f"C{j}", label=name)
+    ax.set_xticks(np.arange(len(rows)), [r.framework for r in rows])
+    ax.set_ylabel("seconds per timed repeat (median, std)")
+    ax.set_title(title)
+    ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def sweep(path: Path, title: str, rows: list[R50Row]) -> Path | None:
+    """The split_size tradeoff: time against micro-batch size, one line per framework."""
+    rows = [r for r in rows if r.sweep]
+    if not rows:
+        return None
+    fig = _figure()
+    ax = fig.add_subplot()
+    for i, row in enumerate(rows):
+        splits = sorted(row.sweep)
+        es = [row.sweep[s] for s in splits]
+        ax.errorbar(
+            splits,
+            [e.median for e in es],
+            yerr=[e.std for e in es],
+            marker=MARKERS[i % len(MARKERS)],
+            capsize=3,
+            color=_color(row.framework, i),
+            label=row.framework,
+        )
+        single = row.runs.get("single")
+        if single is not None:
+            ax.axhline(single.median, color=_color(row.framework, i), linestyle=":", linewidth=1)
+    _split_axis(ax, sorted({s for row in rows for s in row.sweep}))
+    ax.set_xlabel("split_size (micro-batch size; log scale)")
+    ax.set_ylabel("seconds per timed repeat")
+    ax.set_title(title + "\ndotted: single device")
+    ax.legend()
+    return _save(fig, path)
+
+
+def model_plot(
+    path: Path, title: str, fits: list[tuple[R50Row, pipeline_model.Model]], stages=(4, 8)
+) -> Path | None:
+    """Left: model against measurement. Right: the model projected to more stages."""
+    if not fits:
+        return None
+    fig = _figure(11, 4.5)
+    left, right = fig.subplots(1, 2)
+    for i, (row, model) in enumerate(fits):
+        color = _color(row.framework, i)
+        splits = sorted(row.sweep)
+        dense = dense_splits(model.batch_size)
+        left.plot(
+            splits,
+            [row.sweep[s].median for s in splits],
+            "o",
+            color=color,
+            label=f"{row.framework} measured",
+        )
+        left.plot(
+            dense,
+            [model.predict(s) for s in dense],
+            "-",
+            color=color,
+            label=f"{row.framework} model ({model.stages} stages)",
+        )
+        right.plot(
+            dense,
+            [model.predict(s) for s in dense],
+            "-",
+            color=color,
+            label=f"{row.framework} {model.stages} stages (model)",
+        )
+        for k, p in enumerate(stages):
+            right.plot(
+                dense,
+                [model.predict(s, p) for s in dense],
+                linestyle=("--", ":", "-.")[k % 3],
+                color=color,
+                label=f"{row.framework} {p} stages (PROJECTION)",
+            )
+    splits = sorted({s for row, _ in fits for s in row.sweep})
+    for ax in (left, right):
+        _split_axis(ax, splits)
+        ax.set_xlabel("split_size (log scale)")
+        ax.set_ylabel("seconds per timed repeat")
+        ax.legend(fontsize="small")
+    left.set_title("GPipe model vs measured sweep")
+    right.set_title("projection to more stages (not measured)")
+    fig.suptitle(title)
+    return _save(fig, path)
+
+
+def _split_axis(ax, splits) -> None:
+    """A log axis labelled with the split sizes themselves."""
+    ax.set_xscale("log")
+    ax.set_xticks(splits, [str(s) for s in splits])
+    ax.minorticks_off()
+
+
+def dense_splits(batch_size: int) -> list[int]:
+    """Every split size that gives a different number of micro-batches."""
+    seen, out = set(), []
+    for s in range(1, batch_size + 1):
+        m = pipeline_model.micro_batches(batch_size, s)
+        if m not in seen:
+            seen.add(m)
+            out.append(s)
+    return out

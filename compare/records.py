@@ -1,0 +1,268 @@
+"""The records a report is made of: read them, check them, keep the newest per cell, and pick
+the comparable ones (same workload, preset, platform, virtual or not).
+
+Everything left out is kept with the reason, so the report can say what it did not show.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from common import results
+from common.results import Record
+
+WORKLOADS = ("lenet", "resnet18", "resnet50")
+FRAMEWORK_ORDER = ("torch", "jax", "mxnet")
+STRATEGY_ORDER = {
+    "lenet": ("scratch",),
+    "resnet18": ("ddp", "dataparallel", "sharding", "pmap", "gluon"),
+    "resnet50": ("single", "model_parallel", "pipeline", "gpipe", "1f1b"),
+}
+_OLDEST = datetime.min.replace(tzinfo=UTC)
+
+
+@dataclass(frozen=True, eq=False)
+class Entry:
+    """One record and where it came from."""
+
+    rec: Record
+    source: str  # the results file
+    order: int  # position in the files read: a tie-breaker between equal timestamps
+
+    @property
+    def label(self) -> str:
+        """The strategy, plus the precision when it is not the default float32."""
+        amp = self.rec.extra.get("amp") if isinstance(self.rec.extra, dict) else None
+        return self.rec.strategy + (f"+{amp}" if amp and amp != "off" else "")
+
+    @property
+    def stats(self) -> dict:
+        """The timing statistics: `seconds` (resnet50, per repeat) or `sec_per_epoch`."""
+        if self.rec.workload == "resnet50":
+            return self.rec.seconds
+        return self.rec.sec_per_epoch
+
+    @property
+    def median(self) -> float:
+        return float(self.stats["median"])
+
+    @property
+    def std(self) -> float:
+        return float(self.stats.get("std") or 0.0)
+
+    @property
+    def sweep(self) -> bool:
+        return bool(self.rec.extra.get("sweep"))
+
+    @property
+    def time(self) -> datetime:
+        return parse_time(self.rec.timestamp)
+
+    @property
+    def cell(self) -> tuple:
+        """Records with the same cell measure the same thing: the newest one is shown."""
+        r = self.rec
+        return (
+            r.framework,
+            r.workload,
+            self.label,
+            r.devices,
+            r.platform,
+            r.virtual,
+            r.preset,
+            r.split_size,
+            self.sweep,
+        )
+
+    @property
+    def group(self) -> tuple:
+        """Only records of one group are comparable side by side."""
+        return (self.rec.workload, self.rec.preset, self.rec.platform, bool(self.rec.virtual))
+
+    def describe(self) -> str:
+        r = self.rec
+        split = f", split {r.split_size}" if r.split_size is not None else ""
+        sweep = " (sweep)" if self.sweep else ""
+        return (
+            f"{r.framework} {r.workload} {self.label}{sweep}{split}, {r.devices} device(s), "
+            f"{platform_text(r.platform, r.virtual)}, preset {r.preset}, "
+            f"{r.timestamp or 'no timestamp'} ({self.source})"
+        )
+
+
+@dataclass(frozen=True)
+class LeftOut:
+    entry: Entry
+    reason: str
+
+
+def platform_text(platform: str, virtual: bool) -> str:
+    return f"{platform} (virtual)" if virtual else platform
+
+
+def group_text(group: tuple) -> str:
+    workload, preset, platform, virtual = group
+    return f"{workload}, preset {preset}, {platform_text(platform, virtual)}"
+
+
+def parse_time(text: str) -> datetime:
+    try:
+        t = datetime.fromisoformat(text)
+    except (TypeError, ValueError):
+        return _OLDEST
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
+
+
+def read(paths, warnings: list[str]) -> list[Entry]:
+    """Every record in `paths`; a missing file, unreadable file or bad line becomes a warning."""
+    entries: list[Entry] = []
+    for path in map(Path, paths):
+        if not path.is_file():
+            warnings.append(f"{path}: no such results file")
+            continue
+        try:
+            recs = results.load(path, skip_bad=True, warnings=warnings)
+        except (results.ResultsError, OSError, UnicodeDecodeError) as e:
+            warnings.append(f"{path}: cannot read ({str(e).splitlines()[0][:200]})")
+            continue
+        entries.extend(Entry(r, str(path), len(entries) + i) for i, r in enumerate(recs))
+    return entries
+
+
+def problem(rec: Record) -> str | None:
+    """Why a well-formed record still cannot be shown, or None."""
+    if rec.workload not in WORKLOADS:
+        return f"unknown workload {rec.workload!r}"
+    name = "seconds" if rec.workload == "resnet50" else "sec_per_epoch"
+    stats = getattr(rec, name)
+    if not isinstance(stats, dict):
+        return f"no {name} statistics"
+    if not _positive(stats.get("median")):
+        return f"{name} has no positive median"
+    if not _number(stats.get("std", 0.0)):
+        return f"{name} std is not a number"
+    if not isinstance(rec.devices, int) or rec.devices < 1:
+        return f"devices must be a whole number >= 1, got {rec.devices!r}"
+    if rec.test_acc is not None and not _number(rec.test_acc):
+        return "test_acc is not a number"
+    if rec.images_per_sec is not None and not _number(rec.images_per_sec):
+        return "images_per_sec is not a number"
+    if not isinstance(rec.extra, dict):
+        return "extra is not an object"
+    if rec.split_size is not None and (not isinstance(rec.split_size, int) or rec.split_size < 1):
+        return f"split_size must be a whole number >= 1, got {rec.split_size!r}"
+    return None
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _positive(x) -> bool:
+    return _number(x) and x > 0
+
+
+def check(entries: list[Entry]) -> tuple[list[Entry], list[LeftOut]]:
+    good, bad = [], []
+    for e in entries:
+        reason = problem(e.rec)
+        if reason is None:
+            good.append(e)
+        else:
+            bad.append(LeftOut(e, reason))
+    return good, bad
+
+
+def newest(entries: list[Entry]) -> tuple[list[Entry], list[LeftOut]]:
+    """The newest record of every cell (by timestamp, then file order); the older ones apart."""
+    cells: dict[tuple, list[Entry]] = {}
+    for e in entries:
+        cells.setdefault(e.cell, []).append(e)
+    kept, older = [], []
+    for same in cells.values():
+        same.sort(key=lambda e: (e.time, e.order))
+        kept.append(same[-1])
+        for e in same[:-1]:
+            older.append(LeftOut(e, f"superseded by the newer record of {same[-1].rec.timestamp}"))
+    kept.sort(key=lambda e: e.order)
+    return kept, older
+
+
+def choose_group(
+    entries: list[Entry], workload: str, preset: str | None = None, platform: str | None = None
+) -> tuple[tuple | None, list[Entry], list[LeftOut]]:
+    """The comparable group shown for `workload`: the one asked for, else the one with the most
+    cells (ties: the newest). Records of other groups are left out, with the reason."""
+    mine = [e for e in entries if e.rec.workload == workload]
+    groups: dict[tuple, list[Entry]] = {}
+    for e in mine:
+        groups.setdefault(e.group, []).append(e)
+    wanted = [
+        g
+        for g in groups
+        if (preset is None or g[1] == preset) and (platform is None or g[2] == platform)
+    ]
+    if not wanted:
+        asked = ", ".join(
+            x for x in (preset and f"preset {preset}", platform and f"platform {platform}") if x
+        )
+        return None, [], [LeftOut(e, f"not {asked}") for e in mine]
+    best = max(wanted, key=lambda g: (len(groups[g]), max(e.time for e in groups[g])))
+    left = [
+        LeftOut(
+            e, f"not comparable: {group_text(e.group)} differs from the table's {group_text(best)}"
+        )
+        for e in mine
+        if e.group != best
+    ]
+    return best, groups[best], left
+
+
+def sort_key(workload: str):
+    """Frameworks in a fixed order, then strategies in the order of STRATEGY_ORDER."""
+    strategies = STRATEGY_ORDER.get(workload, ())
+
+    def key(item):
+        framework, label = item[0], item[1]
+        base = label.split("+")[0]
+        return (
+            FRAMEWORK_ORDER.index(framework) if framework in FRAMEWORK_ORDER else 99,
+            strategies.index(base) if base in strategies else 99,
+            label,
+        )
+
+    return key
+
+
+def environments(entries: list[Entry]) -> dict[str, str]:
+    """A short label (E1, E2, ...) for every distinct environment, keyed by its description."""
+    labels: dict[str, str] = {}
+    for e in sorted(entries, key=lambda e: e.order):
+        text = environment_text(e.rec)
+        if text not in labels:
+            labels[text] = f"E{len(labels) + 1}"
+    return labels
+
+
+def environment_text(rec: Record) -> str:
+    hw = rec.hardware if isinstance(rec.hardware, dict) else {}
+    gpus = hw.get("gpus") or []
+    gpu_text = (
+        ", ".join(g.get("name", "?") if isinstance(g, dict) else str(g) for g in gpus) or "no GPU"
+    )
+    cpu = hw.get("cpu") or "unknown CPU"
+    cores = f" ({hw['cpu_count']} cores)" if hw.get("cpu_count") else ""
+    versions = rec.versions if isinstance(rec.versions, dict) else {}
+    first = [rec.framework] if rec.framework in versions else []
+    order = first + sorted(k for k in versions if k != rec.framework)
+    version_text = ", ".join(f"{k} {versions[k]}" for k in order) or "versions unknown"
+    return f"{cpu}{cores}; {gpu_text}; {version_text}; commit {rec.git_commit or 'unknown'}"
+
+
+def dump(entries: list[Entry]) -> str:
+    """The records as JSON Lines (used by tests and for debugging)."""
+    return "".join(json.dumps(e.rec.to_dict(), sort_keys=True) + "\n" for e in entries)

@@ -1,0 +1,327 @@
+"""`python -m compare.run --frameworks torch jax mxnet --workloads lenet resnet18 resnet50
+    --results PATH --out DIR [--preset P] --platform auto [--dry-run]`: what `make compare` runs.
+
+Every workload of every framework, in that framework's environment
+(`.venv/<fw>/bin/python -m <fw>_impl ...`), on 1 and 2 devices with the strategies that run on
+this machine (the table RUNS below), at the preset that fits the machine; then the report.
+A failed run is reported at the end with the last lines of its stderr, and the others still run;
+the exit code is 0 only if everything planned ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from common import config, devices
+
+ROOT = Path(__file__).resolve().parents[1]
+ALL = ("torch", "jax", "mxnet")
+TAIL_LINES = 15
+
+
+@dataclass(frozen=True)
+class Run:
+    workload: str
+    gpus: int
+    frameworks: tuple[str, ...]
+    strategy: str | None  # None: the framework's default
+    flags: tuple[str, ...] = ()
+    needs: str | None = None  # "cuda": only where the platform is gpu
+    why: str = ""
+
+
+# The run list. On a machine with fewer accelerators than `gpus`, a row is skipped with a reason.
+# fmt: off
+RUNS: tuple[Run, ...] = (
+    #   workload    gpus  frameworks   strategy        flags        needs
+    Run("lenet",    1,    ALL,         None),
+    Run("lenet",    2,    ALL,         None),
+    Run("resnet18", 1,    ("torch",),  "ddp"),
+    Run("resnet18", 2,    ("torch",),  "ddp"),
+    Run("resnet18", 1,    ("torch",),  "dataparallel", (),          "cuda",
+        "nn.DataParallel without CUDA silently runs the plain module"),
+    Run("resnet18", 2,    ("torch",),  "dataparallel", (),          "cuda",
+        "nn.DataParallel without CUDA silently runs the plain module"),
+    Run("resnet18", 1,    ("jax",),    "sharding"),
+    Run("resnet18", 2,    ("jax",),    "sharding"),
+    Run("resnet18", 1,    ("jax",),    "pmap"),
+    Run("resnet18", 2,    ("jax",),    "pmap"),
+    Run("resnet18", 1,    ("mxnet",),  "gluon"),
+    Run("resnet18", 2,    ("mxnet",),  "gluon"),
+    Run("resnet50", 2,    ALL,         None),          # single, model_parallel, pipeline
+    Run("resnet50", 2,    ALL,         None,           ("--sweep",)),  # split_size sweep
+    Run("resnet50", 2,    ("torch",),  "gpipe"),
+    Run("resnet50", 2,    ("torch",),  "1f1b"),
+)
+# fmt: on
+
+
+class PlanError(ValueError):
+    """An impossible request: one line for the user."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One command of the plan."""
+
+    framework: str
+    workload: str
+    gpus: int
+    strategy: str | None
+    flags: tuple[str, ...]
+
+    def args(self, platform: str, preset: str, results: str) -> list[str]:
+        argv = ["-m", f"{self.framework}_impl", "--workload", self.workload]
+        argv += ["--gpus", str(self.gpus), "--platform", platform, "--preset", preset]
+        if self.strategy:
+            argv += ["--strategy", self.strategy]
+        return [*argv, *self.flags, "--results", results, "--no-progress"]
+
+    def describe(self) -> str:
+        what = self.strategy or "default strategies"
+        flags = " " + " ".join(self.flags) if self.flags else ""
+        return f"{self.framework} {self.workload} on {self.gpus} device(s), {what}{flags}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    platform: str  # "gpu" or "cpu"
+    preset: str
+    accelerators: int
+    steps: tuple[Step, ...]
+    skipped: tuple[tuple[Step, str], ...]
+
+
+def make_plan(
+    frameworks, workloads, platform: str, accelerators: int, preset: str | None = None
+) -> Plan:
+    """The runs for this machine: a pure function of the request and the accelerator count."""
+    for fw in frameworks:
+        if fw not in ALL:
+            raise PlanError(f"unknown framework {fw!r}; choose from {', '.join(ALL)}")
+    for w in workloads:
+        if w not in config.WORKLOADS:
+            raise PlanError(f"unknown workload {w!r}; choose from {', '.join(config.WORKLOADS)}")
+    if platform not in devices.PLATFORMS:
+        raise PlanError(
+            f"unknown platform {platform!r}; choose from {', '.join(devices.PLATFORMS)}"
+        )
+    if preset is not None and preset not in config.PRESETS:
+        raise PlanError(f"unknown preset {preset!r}; choose from {', '.join(config.PRESETS)}")
+    if platform == "gpu" and accelerators == 0:
+        raise PlanError("--platform gpu but this machine has no CUDA GPU; use auto or cpu")
+    resolved = "gpu" if platform == "gpu" or (platform == "auto" and accelerators > 0) else "cpu"
+    preset = preset or config.default_preset(resolved == "gpu")
+    steps, skipped = [], []
+    for workload in workloads:
+        for fw in ALL:
+            if fw not in frameworks:
+                continue
+            for run in RUNS:
+                if run.workload != workload or fw not in run.frameworks:
+                    continue
+                step = Step(fw, workload, run.gpus, run.strategy, run.flags)
+                if run.needs == "cuda" and resolved != "gpu":
+                    skipped.append((step, f"needs CUDA: {run.why}"))
+                elif resolved == "gpu" and run.gpus > accelerators:
+                    skipped.append(
+                        (step, f"needs {run.gpus} GPUs; this machine has {accelerators}")
+                    )
+                else:
+                    steps.append(step)
+    return Plan(resolved, preset, accelerators, tuple(steps), tuple(skipped))
+
+
+# --- running --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    step: Step
+    returncode: int | None  # None: did not start
+    seconds: float
+    tail: list[str]  # last lines of its stderr
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+def stream(cmd: list[str], echo, timeout: float | None = None) -> tuple[int, list[str], str]:
+    """Run `cmd`, echoing its output line by line as it comes; (exit code, stderr tail, note)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        errors="replace", bufsize=1,
+    )  # fmt: skip
+    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+    lock = threading.Lock()
+
+    def pump(pipe, keep):
+        for line in pipe:
+            line = line.rstrip("\n")
+            if keep:
+                tail.append(line)
+            with lock:
+                echo(f"    | {line}")
+        pipe.close()
+
+    threads = [
+        threading.Thread(target=pump, args=(proc.stdout, False), daemon=True),
+        threading.Thread(target=pump, args=(proc.stderr, True), daemon=True),
+    ]
+    for t in threads:
+        t.start()
+    note = ""
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        note = f"timed out after {timeout:g} s"
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    for t in threads:
+        t.join(timeout=5)
+    return proc.returncode, list(tail), note
+
+
+def python_for(framework: str, venv: Path) -> Path:
+    return venv / framework / "bin" / "python"
+
+
+def execute(plan: Plan, results: str, venv: Path, echo=print, runner=stream, timeout=None):
+    """Run every step; a failure is recorded and the next step runs."""
+    outcomes = []
+    total = len(plan.steps)
+    for i, step in enumerate(plan.steps, start=1):
+        head = f"[{i}/{total}]"
+        python = python_for(step.framework, venv)
+        if not python.exists():
+            setup = f"make setup FRAMEWORK={step.framework}"
+            reason = f"no environment {python.parent.parent} (run: {setup})"
+            echo(f"{head} {step.describe()}: SKIPPED, {reason}")
+            outcomes.append(Outcome(step, None, 0.0, [], reason))
+            continue
+        cmd = [str(python), *step.args(plan.platform, plan.preset, results)]
+        echo(f"{head} {step.describe()}")
+        echo(f"    $ {' '.join(cmd)}")
+        start = time.perf_counter()
+        code, tail, note = runner(cmd, echo, timeout)
+        seconds = time.perf_counter() - start
+        reason = note or explain(code)
+        echo(f"{head} {'ok' if code == 0 and not note else 'FAILED (' + reason + ')'} "
+             f"in {seconds:.1f} s: {step.describe()}")  # fmt: skip
+        outcomes.append(Outcome(step, code if not note else -1, seconds, tail, reason))
+    return outcomes
+
+
+def explain(code: int) -> str:
+    if code == 0:
+        return ""
+    if code == 2:
+        return "exit 2: bad input"
+    if code == 3:
+        return "exit 3: not implemented yet"
+    if code < 0:
+        return f"killed by signal {-code}"
+    return f"exit {code}"
+
+
+def summary(outcomes: list[Outcome], plan: Plan, echo=print) -> None:
+    echo("\n== summary")
+    for o in outcomes:
+        status = "ok" if o.ok else f"FAILED ({o.reason})" if o.returncode is not None else (
+            f"NOT RUN ({o.reason})")  # fmt: skip
+        echo(f"  {o.seconds:8.1f} s  {status:<12} {o.step.describe()}")
+    for step, reason in plan.skipped:
+        echo(f"  {'':>8}    skipped      {step.describe()}: {reason}")
+    for o in outcomes:
+        if not o.ok and o.tail:
+            echo(f"\n-- {o.step.describe()}: last lines of stderr")
+            for line in o.tail:
+                echo(f"    {line}")
+    failed = sum(not o.ok for o in outcomes)
+    echo(
+        f"\n{len(outcomes) - failed} of {len(outcomes)} run(s) ok, {failed} failed, "
+        f"{len(plan.skipped)} skipped on this machine"
+    )
+
+
+def show_plan(plan: Plan, results: str, out: str, echo=print) -> None:
+    kind = (
+        f"{plan.accelerators} GPU(s)"
+        if plan.platform == "gpu"
+        else "no accelerator: virtual CPU devices"
+    )
+    echo(f"plan: platform {plan.platform} ({kind}), preset {plan.preset}, results {results}")
+    for i, step in enumerate(plan.steps, start=1):
+        argv = " ".join(step.args(plan.platform, plan.preset, results))
+        echo(f"  {i:2d}. .venv/{step.framework}/bin/python {argv}")
+    for step, reason in plan.skipped:
+        echo(f"  skip: {step.describe()}: {reason}")
+    echo(f"  then: python -m compare.report --results {results} --out {out}")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m compare.run",
+        description="Run every framework x workload on 1 and 2 devices, then write the report.",
+    )
+    p.add_argument("--frameworks", nargs="+", default=list(ALL))
+    p.add_argument("--workloads", nargs="+", default=list(config.WORKLOADS))
+    p.add_argument("--results", default="results/results.jsonl")
+    p.add_argument("--out", default="reports")
+    p.add_argument("--preset", default=None, help="default: full with accelerators, cpu without")
+    p.add_argument("--platform", default="auto", help="auto | gpu | cpu")
+    p.add_argument("--dry-run", action="store_true", help="print the plan and stop")
+    p.add_argument("--html", action="store_true", help="also write report.html")
+    p.add_argument("--timeout", type=float, default=None, help="seconds per run (default: none)")
+    p.add_argument("--venv", default=str(ROOT / ".venv"), help="where the framework venvs are")
+    return p
+
+
+def main(argv: list[str] | None = None, runner=stream, echo=print) -> int:
+    args = parser().parse_args(argv)
+    try:
+        plan = make_plan(
+            args.frameworks, args.workloads, args.platform, devices.count_accelerators(),
+            args.preset,
+        )  # fmt: skip
+    except PlanError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    results = str(Path(args.results).resolve())
+    show_plan(plan, results, args.out, echo)
+    if args.dry_run:
+        return 0
+    note = devices.notice(devices.DevicePlan(2, "cpu", True)) if plan.platform == "cpu" else None
+    if note:
+        echo(note)
+    start = time.perf_counter()
+    try:
+        outcomes = execute(plan, results, Path(args.venv), echo, runner, args.timeout)
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+    summary(outcomes, plan, echo)
+    echo(f"total {time.perf_counter() - start:.1f} s; writing the report")
+    from compare import report
+
+    code = report.build([results], args.out, args.html, plan.preset, plan.platform, echo=echo)
+    return 0 if code == 0 and all(o.ok for o in outcomes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,362 @@
+"""The comparison tables: one per workload, frameworks (and strategies) as rows.
+
+lenet and resnet18: device counts as columns, with test accuracy, sec/epoch (median +- std, n),
+images/s, and speedup and scaling efficiency against the same row's 1-device time.
+resnet50: single / model_parallel / pipeline / best split of the sweep / gpipe / 1f1b seconds.
+Figures projected from fewer steps carry a `*` and a footnote.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from compare.records import Entry, LeftOut, environment_text, platform_text, sort_key
+
+DASH = "–"
+STAR = "*"
+
+
+@dataclass
+class Table:
+    title: str
+    headers: list[str]
+    rows: list[list[str]]
+    notes: list[str] = field(default_factory=list)
+
+
+# --- formatting -----------------------------------------------------------------------------------
+
+
+def decimals(x: float) -> int:
+    """About three significant digits: 123 -> 0, 12.3 -> 1, 1.23 -> 2, 0.123 -> 3."""
+    if x <= 0 or not math.isfinite(x):
+        return 2
+    return min(6, max(0, 2 - math.floor(math.log10(x))))
+
+
+def fmt_stats(stats: dict, star: bool = False) -> str:
+    """`12.3 ± 0.4 s* (n=3)`: median, sample std, repeats; `*` marks an extrapolated figure."""
+    median = float(stats["median"])
+    d = decimals(median)
+    std = float(stats.get("std") or 0.0)
+    n = stats.get("n", "?")
+    return f"{median:.{d}f} ± {std:.{d}f} s{STAR if star else ''} (n={n})"
+
+
+def fmt_rate(x: float | None, star: bool = False) -> str:
+    if x is None:
+        return DASH
+    text = f"{x:,.0f}" if x >= 100 else f"{x:.{decimals(x)}f}"
+    return text + (STAR if star else "")
+
+
+def fmt_acc(x: float | None) -> str:
+    return DASH if x is None else f"{x:.3f}"
+
+
+def fmt_speedup(x: float | None, star: bool = False) -> str:
+    return DASH if x is None else f"{x:.2f}x" + (STAR if star else "")
+
+
+def fmt_efficiency(x: float | None, star: bool = False) -> str:
+    return DASH if x is None else f"{100 * x:.0f}%" + (STAR if star else "")
+
+
+def scaling(t1: float, tn: float, n: int) -> tuple[float, float]:
+    """(speedup, efficiency) of n devices against 1: t1 / tn, and that divided by n."""
+    speedup = t1 / tn
+    return speedup, speedup / n
+
+
+def env_cell(entries, envs: dict[str, str]) -> str:
+    labels = sorted({envs[environment_text(e.rec)] for e in entries}, key=lambda s: int(s[1:]))
+    return ", ".join(labels)
+
+
+# --- lenet and resnet18 ---------------------------------------------------------------------------
+
+
+@dataclass
+class DpRow:
+    framework: str
+    label: str  # strategy (+ precision)
+    platform: str
+    virtual: bool
+    preset: str
+    cells: dict[int, Entry]  # devices -> record
+
+    def speedup(self, n: int) -> tuple[float, float] | None:
+        """(speedup, efficiency) at n devices against this row's 1-device run, if both ran."""
+        if 1 not in self.cells or n not in self.cells:
+            return None
+        return scaling(self.cells[1].median, self.cells[n].median, n)
+
+    def extrapolated(self, *counts: int) -> bool:
+        return any(self.cells[n].rec.extrapolated for n in counts if n in self.cells)
+
+
+def dp_rows(entries: list[Entry]) -> list[DpRow]:
+    rows: dict[tuple, DpRow] = {}
+    for e in entries:
+        r = e.rec
+        key = (r.framework, e.label)
+        row = rows.setdefault(key, DpRow(r.framework, e.label, r.platform, r.virtual, r.preset, {}))
+        row.cells[r.devices] = e  # one group and the newest per cell: one record per count
+    if not entries:
+        return []
+    order = sort_key(entries[0].rec.workload)
+    return [rows[k] for k in sorted(rows, key=order)]
+
+
+def device_counts(rows: list[DpRow]) -> list[int]:
+    return sorted({n for row in rows for n in row.cells})
+
+
+def dp_table(title: str, rows: list[DpRow], envs: dict[str, str]) -> Table:
+    counts = device_counts(rows)
+    headers = ["framework", "strategy", "platform", "preset"]
+    for n in counts:
+        headers += [f"test acc ({n} dev)", f"sec/epoch ({n} dev)", f"images/s ({n} dev)"]
+        if n > 1:
+            headers += [f"speedup ({n} dev)", f"efficiency ({n} dev)"]
+    headers.append("env")
+    body = []
+    for row in rows:
+        cells = [row.framework, row.label, platform_text(row.platform, row.virtual), row.preset]
+        for n in counts:
+            e = row.cells.get(n)
+            if e is None:
+                cells += [DASH, DASH, DASH]
+            else:
+                star = e.rec.extrapolated
+                cells += [
+                    fmt_acc(e.rec.test_acc),
+                    fmt_stats(e.stats, star),
+                    fmt_rate(e.rec.images_per_sec, star),
+                ]
+            if n > 1:
+                s = row.speedup(n)
+                star = row.extrapolated(1, n)
+                cells += [
+                    fmt_speedup(s and s[0], star),
+                    fmt_efficiency(s and s[1], star),
+                ]
+        cells.append(env_cell(row.cells.values(), envs))
+        body.append(cells)
+    notes = [
+        "sec/epoch: median ± sample standard deviation over n epochs; speedup = sec/epoch on "
+        "1 device / sec/epoch on n devices of the same row; efficiency = speedup / n."
+    ]
+    extrapolated = [e for row in rows for e in row.cells.values() if e.rec.extrapolated]
+    if extrapolated:
+        steps = sorted({e.rec.steps_timed for e in extrapolated if e.rec.steps_timed})
+        timed = f" ({', '.join(map(str, steps))} timed steps per epoch)" if steps else ""
+        notes.append(
+            f"{STAR} extrapolated: the epoch time is projected from fewer steps than an epoch"
+            f"{timed}, and so is every figure derived from it."
+        )
+    if any(r.virtual for r in rows):
+        notes.append(
+            "virtual devices share the host's CPU cores: the times show overheads, not the "
+            "speedup accelerators would give."
+        )
+    return Table(title, headers, body, notes)
+
+
+# --- resnet50 -------------------------------------------------------------------------------------
+
+R50_COLUMNS = ("single", "model_parallel", "pipeline", "gpipe", "1f1b")
+
+
+@dataclass
+class R50Row:
+    framework: str
+    platform: str
+    virtual: bool
+    preset: str
+    runs: dict[str, Entry]  # strategy -> record (not the sweep)
+    sweep: dict[int, Entry]  # split size -> record
+
+    def best(self) -> Entry | None:
+        """The fastest point of the sweep."""
+        if not self.sweep:
+            return None
+        return min(self.sweep.values(), key=lambda e: (e.median, e.rec.split_size))
+
+    def entries(self) -> list[Entry]:
+        return list(self.runs.values()) + list(self.sweep.values())
+
+    def versus_single(self, e: Entry | None) -> float | None:
+        single = self.runs.get("single")
+        return None if e is None or single is None else single.median / e.median
+
+
+def r50_rows(entries: list[Entry]) -> tuple[list[R50Row], list[LeftOut]]:
+    """One row per framework (and precision); where several records would fill one cell
+    (other device counts or split sizes), the newest is shown and the others left out."""
+    left: list[LeftOut] = []
+    rows: dict[str, R50Row] = {}
+    newest_first = sorted(entries, key=lambda e: (e.time, e.order), reverse=True)
+    sweep_devices: dict[str, int] = {}
+    for e in newest_first:
+        r = e.rec
+        amp = e.label[len(r.strategy) :]
+        key = r.framework + amp
+        row = rows.setdefault(key, R50Row(key, r.platform, r.virtual, r.preset, {}, {}))
+        if e.sweep:
+            n = sweep_devices.setdefault(key, r.devices)
+            if n != r.devices:
+                left.append(LeftOut(e, f"the table shows the newer sweep on {n} device(s)"))
+            else:
+                row.sweep[r.split_size] = e
+        elif r.strategy in row.runs:
+            shown = row.runs[r.strategy]
+            left.append(
+                LeftOut(
+                    e,
+                    f"the table shows the newer {r.strategy} record "
+                    f"({shown.rec.devices} device(s), split {shown.rec.split_size})",
+                )
+            )
+        else:
+            row.runs[r.strategy] = e
+    order = sort_key("resnet50")
+    return [rows[k] for k in sorted(rows, key=lambda k: order((k.split("+")[0], k)))], left
+
+
+def r50_table(title: str, rows: list[R50Row], envs: dict[str, str]) -> Table:
+    headers = [
+        "framework",
+        "platform",
+        "preset",
+        "devices",
+        "single",
+        "model_parallel",
+        "pipeline",
+        "pipeline, best split",
+        "best split size",
+        "gpipe",
+        "1f1b",
+        "model_parallel vs single",
+        "best split vs single",
+        "env",
+    ]
+    body = []
+    for row in rows:
+        devices = sorted({e.rec.devices for e in row.entries() if e.rec.strategy != "single"})
+        cells = [
+            row.framework,
+            platform_text(row.platform, row.virtual),
+            row.preset,
+            ", ".join(map(str, devices)) or DASH,
+        ]
+        for name in ("single", "model_parallel", "pipeline"):
+            cells.append(r50_cell(row.runs.get(name)))
+        best = row.best()
+        cells.append(r50_cell(best, split=False))
+        cells.append(DASH if best is None else str(best.rec.split_size))
+        for name in ("gpipe", "1f1b"):
+            cells.append(r50_cell(row.runs.get(name)))
+        mp = row.runs.get("model_parallel")
+        cells.append(fmt_speedup(row.versus_single(mp)))
+        cells.append(fmt_speedup(row.versus_single(best)))
+        cells.append(env_cell(row.entries(), envs))
+        body.append(cells)
+    notes = [
+        "seconds: one timed repeat of the preset's num_batches training steps, median ± sample "
+        "standard deviation over n repeats; `vs single` = single seconds / that column's seconds.",
+        "pipeline, best split: the fastest point of the split_size sweep.",
+    ]
+    if any(e.rec.extrapolated for row in rows for e in row.entries()):
+        notes.append(f"{STAR} extrapolated: projected from fewer steps than measured.")
+    return Table(title, headers, body, notes)
+
+
+def r50_cell(e: Entry | None, split: bool = True) -> str:
+    if e is None:
+        return DASH
+    text = fmt_stats(e.stats, e.rec.extrapolated)
+    if split and e.rec.split_size is not None:
+        text += f", split {e.rec.split_size}"
+    return text
+
+
+# --- other measurements (memory, utilisation) -----------------------------------------------------
+
+
+def extras_table(title: str, rows: list[DpRow]) -> Table | None:
+    """Peak memory and utilisation, where the runs recorded them."""
+    body = []
+    for row in rows:
+        for n, e in sorted(row.cells.items()):
+            mem, util = e.rec.extra.get("peak_memory_bytes"), e.rec.extra.get("utilization")
+            if mem is None and util is None:
+                continue
+            body.append([row.framework, row.label, str(n), fmt_memory(mem), fmt_any(util)])
+    if not body:
+        return None
+    headers = ["framework", "strategy", "devices", "peak memory (MiB)", "utilization"]
+    return Table(title, headers, body)
+
+
+def fmt_memory(x) -> str:
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return f"{x / 2**20:,.0f}"
+    if isinstance(x, list):
+        return " / ".join(fmt_memory(v) for v in x)
+    return DASH if x is None else str(x)
+
+
+def fmt_any(x) -> str:
+    if isinstance(x, float):
+        return f"{x:.3g}"
+    if isinstance(x, list):
+        return " / ".join(fmt_any(v) for v in x)
+    if isinstance(x, dict):
+        return ", ".join(f"{k} {fmt_any(v)}" for k, v in x.items())
+    return DASH if x is None else str(x)
+
+
+# --- the terminal: the same figures, one line per row and device count ----------------------------
+
+
+def dp_terminal(rows: list[DpRow]) -> Table:
+    headers = [
+        "framework",
+        "strategy",
+        "devices",
+        "test acc",
+        "sec/epoch",
+        "images/s",
+        "speedup",
+        "efficiency",
+    ]
+    body = []
+    for row in rows:
+        for n, e in sorted(row.cells.items()):
+            s = row.speedup(n) if n > 1 else None
+            star = e.rec.extrapolated
+            both = row.extrapolated(1, n)
+            body.append(
+                [
+                    row.framework,
+                    row.label,
+                    str(n),
+                    fmt_acc(e.rec.test_acc),
+                    fmt_stats(e.stats, star),
+                    fmt_rate(e.rec.images_per_sec, star),
+                    fmt_speedup(s and s[0], both),
+                    fmt_efficiency(s and s[1], both),
+                ]
+            )
+    return Table("terminal", headers, body)
+
+
+def r50_terminal(table: Table) -> Table:
+    keep = [i for i, h in enumerate(table.headers) if h not in ("platform", "preset", "env")]
+    return Table(
+        "terminal",
+        [table.headers[i] for i in keep],
+        [[row[i] for i in keep] for row in table.rows],
+    )
