@@ -6,7 +6,6 @@ Everything left out is kept with the reason, so the report can say what it did n
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -261,8 +260,3 @@ def environment_text(rec: Record) -> str:
     order = first + sorted(k for k in versions if k != rec.framework)
     version_text = ", ".join(f"{k} {versions[k]}" for k in order) or "versions unknown"
     return f"{cpu}{cores}; {gpu_text}; {version_text}; commit {rec.git_commit or 'unknown'}"
-
-
-def dump(entries: list[Entry]) -> str:
-    """The records as JSON Lines (used by tests and for debugging)."""
-    return "".join(json.dumps(e.rec.to_dict(), sort_keys=True) + "\n" for e in entries)

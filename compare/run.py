@@ -242,20 +242,21 @@ def explain(code: int) -> str:
 def summary(outcomes: list[Outcome], plan: Plan, echo=print) -> None:
     echo("\n== summary")
     for o in outcomes:
-        status = "ok" if o.ok else f"FAILED ({o.reason})" if o.returncode is not None else (
-            f"NOT RUN ({o.reason})")  # fmt: skip
-        echo(f"  {o.seconds:8.1f} s  {status:<12} {o.step.describe()}")
+        status = "ok" if o.ok else "NOT RUN" if o.returncode is None else "FAILED"
+        why = f": {o.reason}" if o.reason else ""
+        echo(f"  {o.seconds:8.1f} s  {status:<8} {o.step.describe()}{why}")
     for step, reason in plan.skipped:
-        echo(f"  {'':>8}    skipped      {step.describe()}: {reason}")
+        echo(f"  {'':>8}    {'skipped':<8} {step.describe()}: {reason}")
     for o in outcomes:
         if not o.ok and o.tail:
             echo(f"\n-- {o.step.describe()}: last lines of stderr")
             for line in o.tail:
                 echo(f"    {line}")
-    failed = sum(not o.ok for o in outcomes)
+    ok = sum(o.ok for o in outcomes)
+    not_run = sum(o.returncode is None for o in outcomes)
     echo(
-        f"\n{len(outcomes) - failed} of {len(outcomes)} run(s) ok, {failed} failed, "
-        f"{len(plan.skipped)} skipped on this machine"
+        f"\n{ok} of {len(outcomes)} run(s) ok, {len(outcomes) - ok - not_run} failed, "
+        f"{not_run} not run, {len(plan.skipped)} skipped on this machine"
     )
 
 

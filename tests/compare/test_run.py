@@ -1,0 +1,227 @@
+"""compare.run: the plan for CPU and GPU machines (pure), a failing run that does not stop the
+others, --dry-run; fake runners and fake framework environments, no framework needed."""
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from compare import run
+from compare.run import Step
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKLOADS = ["lenet", "resnet18", "resnet50"]
+
+
+def described(steps):
+    return [(s.framework, s.workload, s.gpus, s.strategy, s.flags) for s in steps]
+
+
+def test_plan_on_a_cpu_machine():
+    plan = run.make_plan(run.ALL, WORKLOADS, "auto", accelerators=0)
+    assert (plan.platform, plan.preset) == ("cpu", "cpu")
+    steps = described(plan.steps)
+    assert len(steps) == 22
+    assert steps[:2] == [("torch", "lenet", 1, None, ()), ("torch", "lenet", 2, None, ())]
+    assert [s for s in steps if s[1] == "resnet18"] == [
+        ("torch", "resnet18", 1, "ddp", ()),
+        ("torch", "resnet18", 2, "ddp", ()),
+        ("jax", "resnet18", 1, "sharding", ()),
+        ("jax", "resnet18", 2, "sharding", ()),
+        ("jax", "resnet18", 1, "pmap", ()),
+        ("jax", "resnet18", 2, "pmap", ()),
+        ("mxnet", "resnet18", 1, "gluon", ()),
+        ("mxnet", "resnet18", 2, "gluon", ()),
+    ]
+    assert [s for s in steps if s[0] == "torch" and s[1] == "resnet50"] == [
+        ("torch", "resnet50", 2, None, ()),
+        ("torch", "resnet50", 2, None, ("--sweep",)),
+        ("torch", "resnet50", 2, "gpipe", ()),
+        ("torch", "resnet50", 2, "1f1b", ()),
+    ]
+    assert [s for s in steps if s[0] == "mxnet" and s[1] == "resnet50"] == [
+        ("mxnet", "resnet50", 2, None, ()),
+        ("mxnet", "resnet50", 2, None, ("--sweep",)),
+    ]
+    skipped = [(s.strategy, s.gpus, why) for s, why in plan.skipped]
+    assert [x[:2] for x in skipped] == [("dataparallel", 1), ("dataparallel", 2)]
+    assert all("needs CUDA" in why for *_, why in skipped)
+
+
+def test_plan_on_a_two_gpu_machine():
+    plan = run.make_plan(run.ALL, WORKLOADS, "auto", accelerators=2)
+    assert (plan.platform, plan.preset) == ("gpu", "full")
+    assert len(plan.steps) == 24 and plan.skipped == ()
+    assert ("torch", "resnet18", 2, "dataparallel", ()) in described(plan.steps)
+
+
+def test_plan_on_a_one_gpu_machine_skips_two_device_runs_with_a_reason():
+    plan = run.make_plan(run.ALL, WORKLOADS, "auto", accelerators=1)
+    assert all(s.gpus == 1 for s in plan.steps)
+    assert len(plan.steps) == 3 + 2 + 2 + 1  # lenet x3, torch ddp + dataparallel, jax x2, mxnet
+    assert len(plan.skipped) == 24 - 8
+    assert all(why == "needs 2 GPUs; this machine has 1" for _, why in plan.skipped)
+
+
+def test_plan_forced_cpu_and_preset():
+    plan = run.make_plan(["jax"], ["lenet"], "cpu", accelerators=4, preset="smoke")
+    assert (plan.platform, plan.preset) == ("cpu", "smoke")
+    assert described(plan.steps) == [("jax", "lenet", 1, None, ()), ("jax", "lenet", 2, None, ())]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(platform="gpu", accelerators=0), "no CUDA GPU"),
+        (dict(frameworks=["tensorflow"]), "unknown framework"),
+        (dict(workloads=["bert"]), "unknown workload"),
+        (dict(preset="huge"), "unknown preset"),
+    ],
+)
+def test_plan_errors(kwargs, message):
+    args = dict(frameworks=run.ALL, workloads=WORKLOADS, platform="auto", accelerators=0)
+    args.update(kwargs)
+    with pytest.raises(run.PlanError, match=message):
+        run.make_plan(**args)
+
+
+def test_step_command_line():
+    step = Step("torch", "resnet50", 2, "gpipe", ())
+    assert step.args("cpu", "smoke", "/r.jsonl") == [
+        "-m", "torch_impl", "--workload", "resnet50", "--gpus", "2", "--platform", "cpu",
+        "--preset", "smoke", "--strategy", "gpipe", "--results", "/r.jsonl", "--no-progress",
+    ]  # fmt: skip
+    sweep = Step("mxnet", "resnet50", 2, None, ("--sweep",)).args("gpu", "full", "r")
+    assert "--strategy" not in sweep and sweep[-4:] == [
+        "--sweep",
+        "--results",
+        "r",
+        "--no-progress",
+    ]
+
+
+def fake_venv(tmp_path: Path, frameworks=run.ALL) -> Path:
+    """`<venv>/<fw>/bin/python`: runs fake_impl.py instead of the framework."""
+    venv = tmp_path / "venv"
+    for fw in frameworks:
+        python = venv / fw / "bin" / "python"
+        python.parent.mkdir(parents=True)
+        script = f'exec "{sys.executable}" "{tmp_path}/fake_impl.py" "$@"'
+        python.write_text(f'#!/bin/sh\nPYTHONPATH="{ROOT}" {script}\n')
+        python.chmod(0o755)
+    (tmp_path / "fake_impl.py").write_text(FAKE_IMPL)
+    return venv
+
+
+# Stands in for `python -m <fw>_impl`: resnet18 fails, lenet appends a smoke-preset record.
+FAKE_IMPL = """
+import argparse, sys
+from common import results
+framework = sys.argv[2].removesuffix("_impl")
+p = argparse.ArgumentParser()
+for name in ("--workload", "--gpus", "--platform", "--preset", "--strategy", "--results"):
+    p.add_argument(name)
+p.add_argument("--no-progress", action="store_true")
+args = p.parse_args(sys.argv[3:])
+print(f"fake {framework} {args.workload} on {args.gpus}", flush=True)
+if args.workload == "resnet18":
+    print("Traceback: something broke", file=sys.stderr)
+    print(f"boom in {framework} resnet18", file=sys.stderr)
+    sys.exit(1)
+n = int(args.gpus)
+results.append(results.Record(
+    framework=framework, workload=args.workload, strategy="scratch", devices=n,
+    platform=args.platform, virtual=True, device_names=["cpu"] * n, preset=args.preset,
+    batch_size=256, lr=0.2, epochs=1, test_acc=0.8,
+    sec_per_epoch={"median": 4.0 / n, "mean": 4.0 / n, "std": 0.0, "min": 1, "max": 1, "n": 1},
+), args.results)
+"""
+
+
+def test_a_failing_run_does_not_stop_the_others(tmp_path):
+    venv = fake_venv(tmp_path)
+    calls, lines = [], []
+
+    def runner(cmd, echo, timeout):
+        calls.append(cmd)
+        if "resnet18" in cmd:
+            return 1, ["Traceback (most recent call last):", "ValueError: broken"], ""
+        return 0, [], ""
+
+    code = run.main(
+        ["--platform", "cpu", "--results", str(tmp_path / "r.jsonl"), "--out", str(tmp_path),
+         "--venv", str(venv)],
+        runner=runner, echo=lines.append,
+    )  # fmt: skip
+    assert code == 1
+    assert len(calls) == 22  # every step ran
+    text = "\n".join(lines)
+    assert "14 of 22 run(s) ok, 8 failed, 0 not run, 2 skipped on this machine" in text
+    assert "FAILED (exit 1)" in text and "ValueError: broken" in text
+    assert "[22/22] ok in" in text
+
+
+def test_end_to_end_with_fake_environments(tmp_path, capsys):
+    venv = fake_venv(tmp_path, frameworks=("torch", "jax"))
+    results, out, lines = tmp_path / "r.jsonl", tmp_path / "reports", []
+    code = run.main(
+        ["--frameworks", "torch", "jax", "mxnet", "--workloads", "lenet", "resnet18",
+         "--platform", "cpu", "--preset", "smoke", "--results", str(results), "--out", str(out),
+         "--venv", str(venv)],
+        echo=lines.append,
+    )  # fmt: skip
+    assert code == 1
+    text = "\n".join(lines)
+    assert "    | fake jax lenet on 2" in text  # the child's output, streamed
+    assert "boom in torch resnet18" in text.split("== summary")[1]  # stderr tail in the summary
+    assert re.search(r"NOT RUN  mxnet lenet .*: no environment .*make setup FRAMEWORK=mxnet", text)
+    assert "4 of 14 run(s) ok, 6 failed, 4 not run, 2 skipped on this machine" in text
+    md = (out / "report.md").read_text()
+    assert "| torch | scratch | cpu (virtual) | smoke | 0.800 | 4.00 ± 0.00 s (n=1) |" in md
+    assert "| 2.00x | 100% |" in md
+    assert "No comparable resnet18 records." in md
+
+
+def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path):
+    lines = []
+
+    def runner(*_):
+        raise AssertionError("dry run must not run anything")
+
+    code = run.main(
+        ["--dry-run", "--platform", "cpu", "--frameworks", "torch", "--workloads", "resnet18",
+         "--results", str(tmp_path / "r.jsonl")],
+        runner=runner, echo=lines.append,
+    )  # fmt: skip
+    assert code == 0
+    text = "\n".join(lines)
+    assert "plan: platform cpu" in text and "preset cpu" in text
+    assert "1. .venv/torch/bin/python -m torch_impl --workload resnet18 --gpus 1" in text
+    assert "skip: torch resnet18 on 2 device(s), dataparallel: needs CUDA" in text
+    assert not (tmp_path / "r.jsonl").exists()
+
+
+def test_bad_request_is_one_line(capsys):
+    code = run.main(["--dry-run", "--frameworks", "tensorflow"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: unknown framework") and len(err.splitlines()) == 1
+
+
+def test_stream_keeps_the_stderr_tail_and_times_out():
+    lines = []
+    code, tail, note = run.stream(
+        [sys.executable, "-c", "import sys\nfor i in range(30): print(i, file=sys.stderr)\n"
+         "print('out')"],
+        lines.append,
+    )  # fmt: skip
+    assert code == 0 and note == ""
+    assert tail == [str(i) for i in range(30 - run.TAIL_LINES, 30)]
+    assert "    | out" in lines
+    code, _, note = run.stream([sys.executable, "-c", "import time; time.sleep(30)"], print, 0.5)
+    assert code != 0 and note == "timed out after 0.5 s"
+
+
+assert os.sep == "/"  # the fake environments are POSIX shell scripts
