@@ -1,0 +1,202 @@
+"""d2l 13.5, multiple GPUs from scratch, in JAX: LeNet on Fashion-MNIST, data parallel by hand.
+
+Parameters are replicated to every device, each batch is split over the devices, every device
+runs its own forward/backward, a hand-written allreduce sums the gradients, and every device
+applies the same SGD step. Side by side with torch_impl/lenet.py and mxnet_impl/lenet.py.
+No pmap, no psum, no sharding: only device_put and a jitted per-device function.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from common import cli, config, data, results, timing, weights
+from jax_impl import devices as jdev
+
+STRATEGY = "scratch"
+SHAPES = {
+    "conv1.weight": (20, 1, 3, 3),
+    "conv1.bias": (20,),
+    "conv2.weight": (50, 20, 5, 5),
+    "conv2.bias": (50,),
+    "fc1.weight": (128, 800),
+    "fc1.bias": (128,),
+    "fc2.weight": (10, 128),
+    "fc2.bias": (10,),
+}
+
+
+def init_params(std, seed):
+    """Weights normal(0, std), biases 0: the same numbers in every framework (common.weights)."""
+    return {k: jnp.asarray(v) for k, v in weights.init_normal(SHAPES, std, seed).items()}
+
+
+def lenet(X, params):
+    # NCHW / OIHW, the layout of torch and MXNet, so the 800-vector flattens in the same order.
+    def conv(x, name):
+        dims = ("NCHW", "OIHW", "NCHW")
+        w = params[f"{name}.weight"]
+        y = lax.conv_general_dilated(x, w, (1, 1), "VALID", dimension_numbers=dims)
+        return y + params[f"{name}.bias"][None, :, None, None]
+
+    def avg_pool(x):
+        return lax.reduce_window(x, 0.0, lax.add, (1, 1, 2, 2), (1, 1, 2, 2), "VALID") / 4
+
+    h = avg_pool(jax.nn.relu(conv(X, "conv1")))
+    h = avg_pool(jax.nn.relu(conv(h, "conv2")))
+    h = h.reshape(h.shape[0], -1)  # NCHW flatten: 50 x 4 x 4 = 800
+    h = jax.nn.relu(h @ params["fc1.weight"].T + params["fc1.bias"])
+    return h @ params["fc2.weight"].T + params["fc2.bias"]
+
+
+def loss_fn(y_hat, y):
+    """Cross-entropy summed over the batch (the SGD step divides by the batch size)."""
+    return -jnp.sum(jnp.take_along_axis(jax.nn.log_softmax(y_hat), y[:, None], axis=1))
+
+
+def get_params(params, device):
+    return {k: jax.device_put(p, device) for k, p in params.items()}
+
+
+def allreduce(data):
+    """Sum into device 0, then broadcast back. JAX arrays are immutable: where torch and MXNet
+    write `data[i][:] = ...` in place, this returns the new list, one array per device."""
+    total = data[0]
+    for i in range(1, len(data)):
+        total = total + jax.device_put(data[i], data[0].device)
+    return [total] + [jax.device_put(total, x.device) for x in data[1:]]
+
+
+def split_batch(X, y, devices):
+    """Split a batch over the devices: slices, each transferred to its device."""
+    assert X.shape[0] == y.shape[0]
+    n = len(devices)
+    return (
+        [jax.device_put(x, d) for x, d in zip(jnp.array_split(X, n), devices, strict=True)],
+        [jax.device_put(t, d) for t, d in zip(jnp.array_split(y, n), devices, strict=True)],
+    )
+
+
+# JAX compiles: the per-device pieces of train_batch and evaluate are jitted once (torch and MXNet
+# run eagerly); each runs on the device where its (committed) arguments live.
+_grad = jax.jit(jax.value_and_grad(lambda params, X, y: loss_fn(lenet(X, params), y)))
+_sgd = jax.jit(
+    lambda params, grads, lr, n: jax.tree.map(lambda p, g: p - lr * g / n, params, grads)
+)
+_correct = jax.jit(lambda params, X, y: jnp.sum(jnp.argmax(lenet(X, params), axis=1) == y))
+
+
+def train_batch(X, y, device_params, devices, lr):
+    """One step on every device; returns the new device parameters (JAX passes state in and
+    out) and the batch's summed loss (on device 0, not synced)."""
+    X_shards, y_shards = split_batch(X, y, devices)
+    outs = [
+        _grad(params, X_shard, y_shard)
+        for X_shard, y_shard, params in zip(X_shards, y_shards, device_params, strict=True)
+    ]
+    ls, grads = [l for l, _ in outs], [g for _, g in outs]
+    summed = {name: allreduce([g[name] for g in grads]) for name in grads[0]}
+    # every device: the same update with the full batch size
+    device_params = [
+        _sgd(params, {name: s[i] for name, s in summed.items()}, lr, X.shape[0])
+        for i, params in enumerate(device_params)
+    ]
+    return device_params, sum(jax.device_put(l, devices[0]) for l in ls)
+
+
+def evaluate(device_params, X, y, devices, batch_size):
+    """Accuracy on (X, y), every batch split over the devices; the correct count is exact."""
+    correct = 0
+    for start in range(0, len(y), batch_size):
+        X_shards, y_shards = split_batch(
+            X[start : start + batch_size], y[start : start + batch_size], devices
+        )
+        for X_shard, y_shard, params in zip(X_shards, y_shards, device_params, strict=True):
+            correct += int(_correct(params, X_shard, y_shard))
+    return correct / len(y)
+
+
+def train(cfg, devices, train_data, test_data, no_progress=False):
+    """d2l's train(num_gpus, batch_size, lr). Returns the device parameters, history, timer."""
+    X, y = train_data
+    params = init_params(cfg.init_std, cfg.seed)
+    device_params = [get_params(params, d) for d in devices]
+    pending = None  # JAX has no global barrier: the timer waits for the newest outputs
+    timer = timing.Timer(lambda: jdev.sync(pending), warmup=1)
+    # Warm-up apart from the epochs (compilation, first touch): one step of each batch shape
+    # on throwaway copies, so training itself starts from the initial weights.
+    order = data.batches(len(y), cfg.batch_size, cfg.seed, 0)
+    with timer.region():
+        scratch = [get_params(params, d) for d in devices]
+        for idx in {len(idx): idx for idx in (order[0], order[-1])}.values():
+            pending = train_batch(X[idx], y[idx], scratch, devices, cfg.lr)
+    history = {"train_loss": [], "test_acc": []}
+    for epoch in range(cfg.epochs):
+        batches = data.batches(len(y), cfg.batch_size, cfg.seed, epoch)
+        total = jnp.zeros((), device=devices[0])
+        with timer.region():
+            for idx in cli.progress(batches, len(batches), f"epoch {epoch + 1}", no_progress):
+                device_params, loss = train_batch(X[idx], y[idx], device_params, devices, cfg.lr)
+                total += loss
+                pending = (device_params, total)
+        history["train_loss"].append(float(total) / len(y))
+        history["test_acc"].append(evaluate(device_params, *test_data, devices, cfg.batch_size))
+        print(
+            f"epoch {epoch + 1}/{cfg.epochs}: loss {history['train_loss'][-1]:.4f}, "
+            f"test acc {history['test_acc'][-1]:.3f}, {timer.times[-1]:.2f} sec",
+            flush=True,
+        )
+    return device_params, history, timer
+
+
+def main(args, plan) -> None:
+    cfg = config.get_config(args.workload, args.preset, **cli.overrides(args))
+    cfg = config.for_devices(cfg, plan.count)
+    if args.strategy not in (None, STRATEGY):
+        raise config.ConfigError(f"lenet has one strategy, {STRATEGY!r}; got {args.strategy!r}")
+    if args.amp != "off":
+        raise config.ConfigError("lenet runs in float32 only, like the book; drop --amp")
+    # Every batch is split evenly over the devices, the epoch's last (partial) one included.
+    n_all = data.FILES["train_labels"].shape[0]
+    n_train = min(cfg.train_subset or n_all, n_all)
+    config.check_divisible(cfg.batch_size, plan.count)
+    if n_train % cfg.batch_size % plan.count:
+        raise config.ConfigError(
+            f"the last batch of each epoch has {n_train % cfg.batch_size} images ({n_train} "
+            f"training images, batch size {cfg.batch_size}), which do not divide evenly over "
+            f"{plan.count} devices; choose a batch size that leaves a multiple of {plan.count}"
+        )
+    devices = jdev.get_devices(plan)
+    fm = data.load()
+    # Loaded once, as arrays on device 0; batches are sliced from them.
+    train_data, test_data = (
+        (
+            jax.device_put(data.to_float(images), devices[0]),
+            jax.device_put(labels.astype(np.int32), devices[0]),
+        )
+        for images, labels in (
+            data.subset(fm.train_images, fm.train_labels, cfg.train_subset, cfg.seed),
+            data.subset(fm.test_images, fm.test_labels, cfg.test_subset, cfg.seed),
+        )
+    )
+    _, history, timer = train(cfg, devices, train_data, test_data, args.no_progress)
+    stats = timer.stats()
+    record = cli.make_record(
+        "jax",
+        args,
+        plan,
+        cfg,
+        jdev.device_names(devices),
+        jdev.versions(),
+        strategy=STRATEGY,
+        epochs=cfg.epochs,
+        sec_per_epoch=stats.to_dict(),
+        warmup_seconds=timer.warmup_seconds,
+        images_per_sec=n_train / stats.median,
+        test_acc=history["test_acc"][-1],
+        test_acc_per_epoch=history["test_acc"],
+        train_loss=history["train_loss"],
+    )
+    results.append(record, args.results)
+    print(cli.final_line(record.test_acc, stats.median, plan, extrapolated=False))

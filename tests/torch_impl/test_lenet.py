@@ -1,0 +1,178 @@
+"""lenet (d2l 13.5, data parallel from scratch) in torch: allreduce, equivalence, parity, CLI."""
+
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from common import cli, config, devices, results
+from tests.fixtures import lenet_reference as ref
+from tests.fixtures import make_lenet_parity
+from torch_impl import devices as tdev
+from torch_impl import lenet
+
+
+def cpus(n):
+    return tdev.get_devices(devices.DevicePlan(n, "cpu", virtual=True))
+
+
+def run_steps(n_devices, batches):
+    """`len(batches)` train_batch steps on n virtual devices: per-step losses, params per device."""
+    devs = cpus(n_devices)
+    params = lenet.init_params(ref.STD, ref.SEED)
+    device_params = [lenet.get_params(params, d) for d in devs]
+    losses = [
+        float(
+            lenet.train_batch(torch.from_numpy(X), torch.from_numpy(y), device_params, devs, ref.LR)
+        )
+        for X, y in batches
+    ]
+    as_numpy = [{k: p.detach().numpy().copy() for k, p in ps.items()} for ps in device_params]
+    return losses, as_numpy
+
+
+def initial():
+    return {k: p.numpy() for k, p in lenet.init_params(ref.STD, ref.SEED).items()}
+
+
+# --- allreduce -----------------------------------------------------------------------------------
+
+
+def not_in_place(data):
+    """d2l's historic allreduce: rebinds the list entries, so the devices' tensors never change."""
+    for i in range(1, len(data)):
+        data[0][:] += data[i].to(data[0].device)
+    for i in range(1, len(data)):
+        data[i] = data[0].to(data[i].device)
+
+
+def check_allreduce(allreduce, n):
+    # Small whole numbers: float32 sums are exact, so equality is the right test.
+    grads = [torch.arange(12.0).reshape(3, 4) * (i + 1) for i in range(n)]
+    held = list(grads)  # what each device's parameter .grad still points to afterwards
+    allreduce(grads)
+    want = torch.arange(12.0).reshape(3, 4) * sum(range(1, n + 1))
+    for i, g in enumerate(held):
+        assert torch.equal(g, want), f"device {i} does not hold the sum"
+
+
+@pytest.mark.multi_device
+@pytest.mark.parametrize("n", [2, 3])
+def test_allreduce_leaves_the_sum_on_every_device_in_place(n):
+    check_allreduce(lenet.allreduce, n)
+
+
+def test_the_historic_not_in_place_allreduce_fails_the_check():
+    with pytest.raises(AssertionError, match="device 1 does not hold the sum"):
+        check_allreduce(not_in_place, 2)
+
+
+def test_get_params_makes_independent_copies_even_on_one_torch_device():
+    params = lenet.init_params(ref.STD, ref.SEED)
+    a, b = (lenet.get_params(params, d) for d in cpus(2))
+    a["fc2.bias"].data += 1
+    assert not b["fc2.bias"].detach().any() and not params["fc2.bias"].any()
+    assert all(p.requires_grad and p.is_leaf for p in a.values())
+
+
+# --- data parallel equals one device ---------------------------------------------------------
+
+
+@pytest.mark.multi_device
+def test_two_devices_train_like_one():
+    batches = ref.batches(ref.load())
+    init = initial()
+    losses1, (one,) = run_steps(1, batches)
+    losses2, (a, b) = run_steps(2, batches)
+    for name in init:
+        # Same summed gradient and update on every device: replicas are bitwise identical.
+        np.testing.assert_array_equal(a[name], b[name])
+        # Two half-batch gradient sums vs one full-batch sum differ only in float32 summation
+        # order (~1e-7 relative per step); 1e-5 of the update's norm over 3 steps has margin,
+        # while a wrong allreduce (no sum, or a mean) is off by O(1).
+        update1, update2 = one[name] - init[name], a[name] - init[name]
+        error = np.linalg.norm(update2 - update1) / np.linalg.norm(update1)
+        assert error < 1e-5, f"{name}: {error:.2e}"
+    np.testing.assert_allclose(losses2, losses1, rtol=1e-6)
+
+
+# --- cross-framework parity ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, pytest.param(2, marks=pytest.mark.multi_device)])
+def test_matches_the_float64_reference_fixture(n):
+    fixture = ref.load()
+    losses, after = run_steps(n, ref.batches(fixture))
+    ref.check(fixture, losses, initial(), after[-1])
+
+
+def test_the_generator_still_reproduces_the_fixture():
+    fixture = ref.load()
+    again = make_lenet_parity.reference(fixture)
+    assert sorted(again) == sorted(k for k in fixture if k not in ("images", "labels"))
+    for key, value in again.items():
+        # float64 on the same library: only thread-order rounding (~1e-15) may differ.
+        np.testing.assert_allclose(value, fixture[key], rtol=1e-9, err_msg=key)
+
+
+# --- end to end and bad input ----------------------------------------------------------------
+
+
+def argv(tmp_path, *extra):
+    return [
+        "--workload", "lenet", "--platform", "cpu", "--preset", "smoke", "--no-progress",
+        "--results", str(tmp_path / "r.jsonl"), *extra,
+    ]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [1, pytest.param(2, marks=pytest.mark.multi_device)])
+def test_smoke_run_writes_one_valid_record(tmp_path, capsys, n):
+    assert cli.run("torch", argv(tmp_path, "--gpus", str(n))) == 0
+    (rec,) = results.load(tmp_path / "r.jsonl")
+    cfg = config.get_config("lenet", "smoke")
+    assert (rec.framework, rec.strategy, rec.devices, rec.virtual) == ("torch", "scratch", n, True)
+    assert rec.epochs == cfg.epochs == len(rec.train_loss) == len(rec.test_acc_per_epoch)
+    assert rec.sec_per_epoch["n"] == cfg.epochs and rec.warmup_seconds > 0
+    assert rec.images_per_sec == pytest.approx(cfg.train_subset / rec.sec_per_epoch["median"])
+    # Accuracy is an exact count over the test subset; the loss is per sample, near ln(10) at
+    # the start of training with init std 0.01.
+    assert (rec.test_acc * cfg.test_subset).is_integer() and rec.test_acc == rec.test_acc_per_epoch[
+        -1
+    ]
+    assert abs(rec.train_loss[0] - np.log(10)) < 0.01
+    out = capsys.readouterr().out.strip().splitlines()
+    assert re.fullmatch(
+        rf"test acc: \d\.\d\d, \d+\.\d sec/epoch on \[{n} x cpu \(virtual\)\]", out[-1]
+    )
+    assert out[0].startswith("epoch 1/1: loss ")
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--gpus", "2", "--batch-size", "255"], "batch size 255 does not divide evenly over 2"),
+        # 1024 images in batches of 6 leave a last batch of 4, which 3 devices cannot share.
+        (["--gpus", "3", "--batch-size", "6"], "last batch of each epoch has 4 images"),
+        (["--gpus", "0"], "GPUS must be a whole number of at least 1"),
+        (["--strategy", "ddp"], "lenet has one strategy, 'scratch'"),
+        (["--amp", "bf16"], "float32 only"),
+    ],
+)
+def test_bad_input_is_one_clear_line_and_no_record(tmp_path, capsys, extra, message):
+    assert cli.run("torch", argv(tmp_path, *extra)) == cli.EXIT_BAD_INPUT
+    last = capsys.readouterr().err.splitlines()[-1]  # after the virtual-device note, if any
+    assert last.startswith("error: ") and message in last
+    assert not (tmp_path / "r.jsonl").exists()
+
+
+def test_unknown_preset_is_refused_without_a_record(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:  # the command line refuses it ...
+        cli.run("torch", [*argv(tmp_path), "--preset", "huge"])
+    assert e.value.code == 2 and "invalid choice: 'huge'" in capsys.readouterr().err
+    args = cli.parser("torch").parse_args(argv(tmp_path))
+    args.preset = "huge"  # ... and so does main, called directly
+    with pytest.raises(config.ConfigError, match="unknown preset 'huge'"):
+        lenet.main(args, devices.DevicePlan(1, "cpu", virtual=True))
+    assert not (tmp_path / "r.jsonl").exists()

@@ -1,0 +1,182 @@
+"""d2l 13.5, multiple GPUs from scratch, in PyTorch: LeNet on Fashion-MNIST, data parallel by hand.
+
+Parameters are replicated to every device, each batch is split over the devices, every device
+runs its own forward/backward, a hand-written allreduce sums the gradients, and every device
+applies the same SGD step. Side by side with jax_impl/lenet.py and mxnet_impl/lenet.py.
+"""
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from common import cli, config, data, results, timing, weights
+from torch_impl import devices as tdev
+
+STRATEGY = "scratch"
+SHAPES = {
+    "conv1.weight": (20, 1, 3, 3),
+    "conv1.bias": (20,),
+    "conv2.weight": (50, 20, 5, 5),
+    "conv2.bias": (50,),
+    "fc1.weight": (128, 800),
+    "fc1.bias": (128,),
+    "fc2.weight": (10, 128),
+    "fc2.bias": (10,),
+}
+
+
+def init_params(std, seed):
+    """Weights normal(0, std), biases 0: the same numbers in every framework (common.weights)."""
+    return {k: torch.from_numpy(v) for k, v in weights.init_normal(SHAPES, std, seed).items()}
+
+
+def lenet(X, params):
+    h = F.avg_pool2d(F.relu(F.conv2d(X, params["conv1.weight"], params["conv1.bias"])), 2)
+    h = F.avg_pool2d(F.relu(F.conv2d(h, params["conv2.weight"], params["conv2.bias"])), 2)
+    h = h.reshape(h.shape[0], -1)  # NCHW flatten: 50 x 4 x 4 = 800
+    h = F.relu(h @ params["fc1.weight"].T + params["fc1.bias"])
+    return h @ params["fc2.weight"].T + params["fc2.bias"]
+
+
+def loss_fn(y_hat, y):
+    """Cross-entropy summed over the batch (the SGD step divides by the batch size)."""
+    return F.cross_entropy(y_hat, y, reduction="sum")
+
+
+def get_params(params, device):
+    # clone: virtual CPU devices are all the same torch device, where `.to` would share storage.
+    return {k: p.detach().clone().to(device).requires_grad_() for k, p in params.items()}
+
+
+def allreduce(data):
+    """Sum into device 0, then broadcast back, in place: the list's tensors are the gradients."""
+    for i in range(1, len(data)):
+        data[0][:] += data[i].to(data[0].device)
+    for i in range(1, len(data)):
+        data[i][:] = data[0].to(data[i].device)  # `data[i] = ...` would update only the list
+
+
+def split_batch(X, y, devices):
+    """Split a batch over the devices (nn.parallel.scatter fails on CPU: chunk + .to instead)."""
+    assert X.shape[0] == y.shape[0]
+    n = len(devices)
+    return (
+        [x.to(d) for x, d in zip(X.chunk(n), devices, strict=False)],
+        [t.to(d) for t, d in zip(y.chunk(n), devices, strict=False)],
+    )
+
+
+def train_batch(X, y, device_params, devices, lr):
+    """One step on every device; returns the batch's summed loss (on device 0, not synced)."""
+    X_shards, y_shards = split_batch(X, y, devices)
+    ls = [
+        loss_fn(lenet(X_shard, params), y_shard)
+        for X_shard, y_shard, params in zip(X_shards, y_shards, device_params, strict=True)
+    ]
+    for l in ls:
+        l.backward()
+    with torch.no_grad():
+        for name in device_params[0]:
+            allreduce([params[name].grad for params in device_params])
+        for params in device_params:  # every device: the same update with the full batch size
+            for p in params.values():
+                p -= lr * p.grad / X.shape[0]
+                p.grad.zero_()
+    return sum(l.detach().to(devices[0]) for l in ls)
+
+
+def evaluate(device_params, X, y, devices, batch_size):
+    """Accuracy on (X, y), every batch split over the devices; the correct count is exact."""
+    correct = 0
+    with torch.no_grad():
+        for start in range(0, len(y), batch_size):
+            X_shards, y_shards = split_batch(
+                X[start : start + batch_size], y[start : start + batch_size], devices
+            )
+            for X_shard, y_shard, params in zip(X_shards, y_shards, device_params, strict=False):
+                correct += int((lenet(X_shard, params).argmax(dim=1) == y_shard).sum())
+    return correct / len(y)
+
+
+def train(cfg, devices, train_data, test_data, no_progress=False):
+    """d2l's train(num_gpus, batch_size, lr). Returns the device parameters, history, timer."""
+    X, y = train_data
+    params = init_params(cfg.init_std, cfg.seed)
+    device_params = [get_params(params, d) for d in devices]
+    timer = timing.Timer(lambda: tdev.sync(devices), warmup=1)
+    # Warm-up apart from the epochs (first touch, allocator; compilation in JAX): one step of
+    # each batch shape on throwaway copies, so training itself starts from the initial weights.
+    order = data.batches(len(y), cfg.batch_size, cfg.seed, 0)
+    with timer.region():
+        scratch = [get_params(params, d) for d in devices]
+        for idx in {len(idx): idx for idx in (order[0], order[-1])}.values():
+            idx = torch.from_numpy(idx).to(X.device)
+            train_batch(X[idx], y[idx], scratch, devices, cfg.lr)
+    history = {"train_loss": [], "test_acc": []}
+    for epoch in range(cfg.epochs):
+        batches = data.batches(len(y), cfg.batch_size, cfg.seed, epoch)
+        total = torch.zeros((), device=devices[0])
+        with timer.region():
+            for idx in cli.progress(batches, len(batches), f"epoch {epoch + 1}", no_progress):
+                idx = torch.from_numpy(idx).to(X.device)
+                total += train_batch(X[idx], y[idx], device_params, devices, cfg.lr)
+        history["train_loss"].append(float(total) / len(y))
+        history["test_acc"].append(evaluate(device_params, *test_data, devices, cfg.batch_size))
+        print(
+            f"epoch {epoch + 1}/{cfg.epochs}: loss {history['train_loss'][-1]:.4f}, "
+            f"test acc {history['test_acc'][-1]:.3f}, {timer.times[-1]:.2f} sec",
+            flush=True,
+        )
+    return device_params, history, timer
+
+
+def main(args, plan) -> None:
+    cfg = config.get_config(args.workload, args.preset, **cli.overrides(args))
+    cfg = config.for_devices(cfg, plan.count)
+    if args.strategy not in (None, STRATEGY):
+        raise config.ConfigError(f"lenet has one strategy, {STRATEGY!r}; got {args.strategy!r}")
+    if args.amp != "off":
+        raise config.ConfigError("lenet runs in float32 only, like the book; drop --amp")
+    # Every batch is split evenly over the devices, the epoch's last (partial) one included.
+    n_all = data.FILES["train_labels"].shape[0]
+    n_train = min(cfg.train_subset or n_all, n_all)
+    config.check_divisible(cfg.batch_size, plan.count)
+    if n_train % cfg.batch_size % plan.count:
+        raise config.ConfigError(
+            f"the last batch of each epoch has {n_train % cfg.batch_size} images ({n_train} "
+            f"training images, batch size {cfg.batch_size}), which do not divide evenly over "
+            f"{plan.count} devices; choose a batch size that leaves a multiple of {plan.count}"
+        )
+    devices = tdev.get_devices(plan)
+    fm = data.load()
+    # Loaded once, as arrays on device 0; batches are sliced from them.
+    train_data, test_data = (
+        (
+            torch.from_numpy(data.to_float(images)).to(devices[0]),
+            torch.from_numpy(labels.astype(np.int64)).to(devices[0]),
+        )
+        for images, labels in (
+            data.subset(fm.train_images, fm.train_labels, cfg.train_subset, cfg.seed),
+            data.subset(fm.test_images, fm.test_labels, cfg.test_subset, cfg.seed),
+        )
+    )
+    _, history, timer = train(cfg, devices, train_data, test_data, args.no_progress)
+    stats = timer.stats()
+    record = cli.make_record(
+        "torch",
+        args,
+        plan,
+        cfg,
+        tdev.device_names(devices),
+        tdev.versions(),
+        strategy=STRATEGY,
+        epochs=cfg.epochs,
+        sec_per_epoch=stats.to_dict(),
+        warmup_seconds=timer.warmup_seconds,
+        images_per_sec=n_train / stats.median,
+        test_acc=history["test_acc"][-1],
+        test_acc_per_epoch=history["test_acc"],
+        train_loss=history["train_loss"],
+    )
+    results.append(record, args.results)
+    print(cli.final_line(record.test_acc, stats.median, plan, extrapolated=False))
