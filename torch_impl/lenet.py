@@ -57,7 +57,8 @@ def allreduce(data):
 
 
 def split_batch(X, y, devices):
-    """Split a batch over the devices (nn.parallel.scatter fails on CPU: chunk + .to instead)."""
+    """Split a batch over the devices (nn.parallel.scatter fails on CPU: chunk + .to instead).
+    Training batches divide evenly; a short last test batch may give fewer chunks than devices."""
     assert X.shape[0] == y.shape[0]
     n = len(devices)
     return (
