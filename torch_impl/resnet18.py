@@ -106,7 +106,7 @@ def weight_shapes(net):
 def get_weights(net):
     # num_batches_tracked is torch-only bookkeeping, not a weight.
     return {
-        k: v.detach().float().cpu().numpy()
+        k: v.detach().float().cpu().numpy().copy()  # a copy: on CPU numpy() shares memory
         for k, v in net.state_dict().items()
         if not k.endswith("num_batches_tracked")
     }

@@ -1,0 +1,245 @@
+"""resnet18 in torch: model, weights, parity fixture, DDP == one device, launcher, smoke runs."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from argparse import Namespace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from common import config, devices
+from torch_impl import resnet18 as r18
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures"
+PARAMS = 11_175_818  # d2l's ResNet-18 (conv biases, no shortcut BN), 1 channel in, 10 classes
+sys.path.insert(0, str(FIXTURES))
+import make_resnet18_parity as parity  # noqa: E402
+
+
+def test_parameter_count_and_names():
+    net = r18.resnet18()
+    assert sum(p.numel() for p in net.parameters()) == PARAMS
+    shapes = r18.weight_shapes(net)
+    assert shapes["stem.conv.weight"] == (64, 1, 3, 3)
+    assert shapes["layer2.0.shortcut.weight"] == (128, 64, 1, 1)
+    assert shapes["layer1.0.bn1.running_mean"] == (64,)
+    assert shapes["fc.weight"] == (10, 512)
+    assert "layer1.0.shortcut.weight" not in shapes  # stage 1 keeps the shape: identity
+
+
+def test_init_is_d2l_normal_and_round_trips():
+    net = r18.init_weights(r18.resnet18(width=8), 0.01, seed=3)
+    w = r18.get_weights(net)
+    assert abs(float(w["layer4.1.conv2.weight"].std()) - 0.01) < 1e-3
+    assert not w["fc.bias"].any() and (w["stem.bn.weight"] == 1).all()
+    other = r18.set_weights(r18.resnet18(width=8), w)
+    for k, v in r18.get_weights(other).items():
+        np.testing.assert_array_equal(v, w[k])
+
+
+def _parity_net():
+    return r18.init_weights(r18.resnet18(), parity.STD, parity.SEED)
+
+
+def test_forward_and_step_match_the_committed_fixture():
+    ref = np.load(FIXTURES / "resnet18_parity.npz")
+    x, y = torch.from_numpy(ref["x"]), torch.from_numpy(ref["y"].astype(np.int64))
+    net = _parity_net()
+    with torch.no_grad():
+        logits_eval = net.eval()(x).numpy()
+        logits_train = net.train()(x).numpy()
+    net = _parity_net()
+    loss = r18.train_step(net, r18.make_optimizer(net, parity.LR), x, y)
+    with torch.no_grad():
+        after = net(x).numpy()
+    # Same library, same machine class: only summation order may differ (float32).
+    for got, key in ((logits_eval, "logits_eval"), (logits_train, "logits_train")):
+        np.testing.assert_allclose(got, ref[key], rtol=1e-5, atol=1e-5 * np.abs(ref[key]).max())
+    np.testing.assert_allclose(float(loss), ref["loss"], rtol=1e-5)
+    np.testing.assert_allclose(after, ref["logits_after_step"], rtol=1e-4, atol=1e-4)
+
+
+def test_generator_still_reproduces_the_fixture():
+    ref = np.load(FIXTURES / "resnet18_parity.npz")
+    made = parity.make()
+    assert set(made) == set(ref.files)
+    for k, v in made.items():
+        np.testing.assert_allclose(v, ref[k], rtol=1e-5, atol=1e-5 * max(1.0, np.abs(v).max()))
+
+
+def _batches():
+    rng = np.random.default_rng(1)
+    x = rng.random((13, 1, 8, 8), dtype=np.float32)
+    y = rng.integers(0, 10, 13)
+    return x, y, [np.arange(8), np.arange(8, 13)]  # the second is an uneven last batch (5)
+
+
+def _ddp_rank(rank, world, init_file, out):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    x, y, steps = _batches()
+    net = torch.nn.parallel.DistributedDataParallel(
+        r18.init_weights(r18.resnet18(width=4, use_bn=False), 0.1, 0)
+    )
+    opt = r18.make_optimizer(net, 0.1)
+    for idx in steps:
+        part, scale = r18.shard_batch(idx, rank, world)
+        r18.train_step(net, opt, torch.from_numpy(x[part]), torch.from_numpy(y[part]), scale)
+    if rank == 0:
+        np.savez(out, **r18.get_weights(net.module))
+    dist.destroy_process_group()
+
+
+@pytest.mark.multi_device
+def test_ddp_two_gloo_ranks_equal_one_device(tmp_path):
+    """BatchNorm-free variant: BN statistics are per rank under DDP, so only without BN is the
+    N-rank step exactly the one-device step. Includes an uneven last batch (3 + 2)."""
+    out = tmp_path / "ddp.npz"
+    torch.multiprocessing.spawn(
+        _ddp_rank, args=(2, str(tmp_path / "rdzv"), str(out)), nprocs=2, join=True
+    )
+    x, y, steps = _batches()
+    net = r18.init_weights(r18.resnet18(width=4, use_bn=False), 0.1, 0)
+    start = r18.get_weights(net)
+    opt = r18.make_optimizer(net, 0.1)
+    for idx in steps:
+        r18.train_step(net, opt, torch.from_numpy(x[idx]), torch.from_numpy(y[idx]))
+    single, ddp = r18.get_weights(net), dict(np.load(out))
+    assert any(not np.allclose(single[k], start[k]) for k in start)  # the steps moved weights
+    for k in single:  # float32: the all-reduce sums in another order
+        np.testing.assert_allclose(ddp[k], single[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def test_shard_batch_weights_uneven_parts():
+    parts = [r18.shard_batch(np.arange(5), r, 2) for r in range(2)]
+    assert [p.tolist() for p, _ in parts] == [[0, 1, 2], [3, 4]]
+    assert [s for _, s in parts] == [pytest.approx(1.2), pytest.approx(0.8)]
+
+
+def _args(**kw):
+    base = dict(
+        workload="resnet18",
+        gpus=2,
+        platform="cpu",
+        preset="smoke",
+        strategy=None,
+        epochs=None,
+        batch_size=None,
+        lr=None,
+        split_size=None,
+        sweep=False,
+        amp="off",
+        results="/nonexistent/never-written.jsonl",
+        no_progress=True,
+    )
+    return Namespace(**{**base, **kw})
+
+
+def test_dataparallel_is_refused_without_cuda():
+    with pytest.raises(config.ConfigError, match="needs CUDA"):
+        r18.main(_args(strategy="dataparallel"), devices.DevicePlan(2, "cpu", True))
+    with pytest.raises(config.ConfigError, match="unknown resnet18 strategy"):
+        r18.main(_args(strategy="pmap"), devices.DevicePlan(2, "cpu", True))
+
+
+def test_bf16_autocast_step_runs_and_learns():
+    x, y, _ = _batches()
+    net = r18.init_weights(r18.resnet18(width=4), 0.1, 0)
+    opt = r18.make_optimizer(net, 0.5)
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+    losses = [float(r18.train_step(net, opt, xt, yt, amp=True)) for _ in range(5)]
+    assert np.isfinite(losses).all() and losses[-1] < losses[0]
+
+
+def _cli(args, env=None, timeout=240):
+    return subprocess.run(
+        [sys.executable, "-m", "torch_impl", "--workload", "resnet18", "--no-progress", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+    )
+
+
+@pytest.fixture(scope="module")
+def smoke_ddp(tmp_path_factory):
+    path = tmp_path_factory.mktemp("r18") / "results.jsonl"
+    out = _cli(["--gpus", "2", "--preset", "smoke", "--platform", "cpu", "--results", str(path)])
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out, json.loads(path.read_text().splitlines()[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.multi_device
+def test_smoke_ddp_end_to_end(smoke_ddp):
+    out, rec = smoke_ddp
+    assert rec["strategy"] == "ddp" and rec["devices"] == 2 and rec["batch_size"] == 32
+    assert rec["extrapolated"] is True and rec["steps_timed"] == 1
+    assert rec["images_per_sec"] > 0 and len(rec["train_loss"]) == 1
+    extra = rec["extra"]
+    assert extra["utilization_source"] == "cpu_time" and len(extra["utilization"]) == 2
+    assert len(extra["peak_memory_bytes"]) == 2 and extra["omp_num_threads_env"] == "1"
+    assert "sec/epoch (extrapolated) on [2 x cpu (virtual)]" in out.stdout.splitlines()[-1]
+    assert out.stdout.count("test acc:") == 1  # only rank 0 reports
+
+
+@pytest.mark.slow
+@pytest.mark.multi_device
+def test_a_dying_worker_fails_the_run_without_hanging(tmp_path):
+    path = tmp_path / "r.jsonl"
+    start = time.monotonic()
+    out = _cli(
+        ["--gpus", "2", "--preset", "smoke", "--platform", "cpu", "--results", str(path)],
+        env={r18.FAIL_RANK_ENV: "1"},
+        timeout=180,
+    )
+    assert out.returncode != 0
+    assert "error: DDP training failed" in out.stderr
+    assert not path.exists()  # no record from a failed run
+    assert time.monotonic() - start < 120
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.multi_device
+def test_two_nodes_on_localhost_match_one_node(tmp_path, smoke_ddp):
+    """torchrun --nnodes=2 with a c10d rendezvous on 127.0.0.1: one process per "node"."""
+    path, port = tmp_path / "r.jsonl", _free_port()
+    common = ["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d"]
+    common += [f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=r18test"]
+    worker = ["-m", "torch_impl.resnet18", "--workload", "resnet18", "--gpus", "1"]
+    worker += ["--preset", "smoke", "--platform", "cpu", "--results", str(path), "--no-progress"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", *common, f"--node-rank={r}", *worker],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    logs = [p.communicate(timeout=240)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), logs
+    rec = json.loads(path.read_text().splitlines()[-1])
+    one = smoke_ddp[1]
+    assert rec["devices"] == 2 and rec["batch_size"] == one["batch_size"]
+    np.testing.assert_allclose(rec["train_loss"], one["train_loss"], rtol=1e-6)
+    assert rec["test_acc"] == one["test_acc"]
