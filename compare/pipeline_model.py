@@ -8,9 +8,10 @@ For one timed repeat:
     T(m) = a * (m + p - 1) / m * max_stage + m * overhead
 
 `max_stage` comes from the measured per-stage times (one whole batch, forward and backward, each
-stage alone); `a` (ideally the number of batches in one timed repeat) and `overhead` are fitted
-from two measured sweep points, the fewest and the most micro-batches, and the other points test
-the model. Projections to more stages keep the total stage work and its imbalance (max / mean).
+stage alone); `a` (ideally the number of batches in one timed repeat: a far from it says the stages
+timed alone do not represent the pipeline) and `overhead` are fitted from two measured sweep
+points, the fewest and the most micro-batches, and the other points test the model.
+Projections to more stages keep the total stage work and its imbalance (max / mean).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class Model:
     scale: float  # a
     overhead: float  # seconds per micro-batch and timed repeat
     fit_splits: tuple[int, int]  # the two split sizes the fit used
+    constrained: bool = False  # the exact fit had a negative parameter: one was held at 0
 
     @property
     def stages(self) -> int:
@@ -72,14 +74,33 @@ def fit(stage_seconds: list[float], batch_size: int, measured: dict[int, float])
     p = len(stage_seconds)
     t = stage_time(stage_seconds, p)
     rows = np.array([[(m + p - 1) / m * t, m] for m in (m_lo, m_hi)], dtype=float)
-    scale, overhead = np.linalg.solve(rows, np.array([measured[lo], measured[hi]], dtype=float))
+    y = np.array([measured[lo], measured[hi]], dtype=float)
+    params = np.linalg.solve(rows, y)
+    constrained = bool((params < 0).any())
+    if constrained:
+        params = nonnegative_fit(rows, y)
     return Model(
         tuple(float(x) for x in stage_seconds),
         batch_size,
-        float(scale),
-        float(overhead),
+        float(params[0]),
+        float(params[1]),
         (hi, lo),
+        constrained,
     )
+
+
+def nonnegative_fit(rows: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with both parameters >= 0 when the exact solution has a negative one
+    (noisy points): the better of the fits with one parameter held at 0."""
+    best, best_residual = np.zeros(2), float(np.sum(y * y))
+    for j in (0, 1):
+        col = rows[:, j]
+        params = np.zeros(2)
+        params[j] = max(0.0, float(col @ y) / float(col @ col))
+        residual = float(np.sum((rows @ params - y) ** 2))
+        if residual < best_residual:
+            best, best_residual = params, residual
+    return best
 
 
 def errors(model: Model, measured: dict[int, float]) -> dict[int, float]:

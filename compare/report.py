@@ -242,12 +242,24 @@ def fit_row(row: R50Row) -> tuple[pipeline_model.Model | None, str]:
         else "no point left to test the model"
     )
     where = f"split {source.rec.split_size}" if source.rec.split_size else "no split"
+    batches = source.rec.extra.get("num_batches")
+    expected = f" (num_batches {batches})" if batches else ""
+    constrained = (
+        " The exact fit gave a negative parameter, so one is held at 0: the points do not follow "
+        "the model."
+        if model.constrained
+        else ""
+    )
     return model, (
         f"stage times {', '.join(f'{t:.4g}' for t in stages)} s from the {source.label} record "
         f"({where}); fitted at split sizes {model.fit_splits[0]} and {model.fit_splits[1]}: "
-        f"a = {model.scale:.3g}, overhead = {1000 * model.overhead:.3g} ms per micro-batch; "
-        f"{error}."
+        f"a = {model.scale:.3g}{expected}, overhead = {fmt_overhead(model.overhead)} per "
+        f"micro-batch; {error}.{constrained}"
     )
+
+
+def fmt_overhead(seconds: float) -> str:
+    return f"{seconds:.3g} s" if seconds >= 1 else f"{1000 * seconds:.3g} ms"
 
 
 def stage_seconds(e: Entry) -> list[float] | None:

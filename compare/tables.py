@@ -286,18 +286,30 @@ def r50_cell(e: Entry | None, split: bool = True) -> str:
 
 
 def extras_table(title: str, rows: list[DpRow]) -> Table | None:
-    """Peak memory and utilisation, where the runs recorded them."""
+    """Peak memory and utilisation (per device or process), where the runs recorded them."""
     body = []
     for row in rows:
         for n, e in sorted(row.cells.items()):
-            mem, util = e.rec.extra.get("peak_memory_bytes"), e.rec.extra.get("utilization")
+            extra = e.rec.extra
+            mem, util = extra.get("peak_memory_bytes"), extra.get("utilization")
             if mem is None and util is None:
                 continue
-            body.append([row.framework, row.label, str(n), fmt_memory(mem), fmt_any(util)])
+            source = extra.get("utilization_source") or DASH
+            body.append(
+                [row.framework, row.label, str(n), fmt_memory(mem), fmt_percent(util), source]
+            )
     if not body:
         return None
-    headers = ["framework", "strategy", "devices", "peak memory (MiB)", "utilization"]
-    return Table(title, headers, body)
+    headers = ["framework", "strategy", "devices", "peak memory (MiB)", "utilization (%)", "source"]
+    return Table(title, headers, body, ["Several values: one per device or process."])
+
+
+def fmt_percent(x) -> str:
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return f"{x:.0f}"
+    if isinstance(x, list):
+        return " / ".join(fmt_percent(v) for v in x)
+    return DASH if x is None else str(x)
 
 
 def fmt_memory(x) -> str:
@@ -305,16 +317,6 @@ def fmt_memory(x) -> str:
         return f"{x / 2**20:,.0f}"
     if isinstance(x, list):
         return " / ".join(fmt_memory(v) for v in x)
-    return DASH if x is None else str(x)
-
-
-def fmt_any(x) -> str:
-    if isinstance(x, float):
-        return f"{x:.3g}"
-    if isinstance(x, list):
-        return " / ".join(fmt_any(v) for v in x)
-    if isinstance(x, dict):
-        return ", ".join(f"{k} {fmt_any(v)}" for k, v in x.items())
     return DASH if x is None else str(x)
 
 

@@ -92,6 +92,14 @@ def resnet18(framework, strategy, devices, median, acc, extrapolated, **kw) -> R
     )  # fmt: skip
 
 
+UTILIZATION = {
+    "utilization": [95.4, 93.6],
+    "peak_memory_bytes": [700 * 2**20, 710 * 2**20],
+    "utilization_source": "cpu_time",
+    "amp": "off",
+}
+
+
 def sweep_seconds(framework: str, split: int) -> float:
     m = pipeline_model.micro_batches(R50_BATCH, split)
     t = max(R50_STAGES[framework])
@@ -126,7 +134,7 @@ def records() -> list[Record]:
         lenet("jax", 1, 0.5, 0.01, 0.3, 2000.0, preset="smoke"),
         # resnet18, preset cpu: torch and mxnet extrapolated, jax whole epochs
         resnet18("torch", "ddp", 1, 300.0, 0.61, True, extra={"peak_memory_bytes": 512 * 2**20}),
-        resnet18("torch", "ddp", 2, 200.0, 0.62, True),
+        resnet18("torch", "ddp", 2, 200.0, 0.62, True, extra=UTILIZATION),
         resnet18("jax", "sharding", 1, 150.0, 0.64, False),
         resnet18("jax", "sharding", 2, 100.0, 0.65, False),
         resnet18("jax", "pmap", 1, 160.0, 0.63, False),

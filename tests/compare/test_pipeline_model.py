@@ -75,3 +75,13 @@ def test_fit_needs_two_distinct_micro_batch_counts():
     assert pm.fit(STAGES, BATCH, {20: 1.0}) is None
     assert pm.fit(STAGES, BATCH, {70: 1.0, 80: 1.1}) is None  # both 2 micro-batches
     assert pm.fit([0.5], BATCH, {1: 1.0, 60: 2.0}) is None  # one stage is not a pipeline
+
+
+def test_points_off_the_model_give_a_nonnegative_fit():
+    # more micro-batches much slower than the bubble allows: the exact fit has a < 0
+    measured = {1: 20.0, 2: 1.7, 4: 1.0}
+    model = pm.fit([0.13, 0.45], 4, measured)
+    assert model.constrained
+    assert model.scale >= 0 and model.overhead >= 0
+    assert model.scale == 0.0 and model.overhead == pytest.approx((4 * 20 + 1) / 17)
+    assert not pm.fit(STAGES, BATCH, synthetic()).constrained

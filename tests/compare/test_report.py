@@ -87,6 +87,13 @@ def test_resnet18_table_marks_extrapolated_figures(built):
     assert "(20 timed steps per epoch)" in md
 
 
+def test_memory_and_utilization_table(built):
+    _, md, _ = built
+    section = md.split("### Memory and utilisation", 1)[1]
+    assert "| torch | ddp | 1 | 512 | – | – |" in section
+    assert "| torch | ddp | 2 | 700 / 710 | 95 / 94 | cpu_time |" in section
+
+
 def test_resnet50_table(built):
     _, md, _ = built
     rows = {k[0]: v for k, v in table_rows(md, "resnet50").items()}
