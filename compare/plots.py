@@ -81,12 +81,15 @@ def scaling(path: Path, title: str, rows: list[DpRow]) -> Path | None:
     fig = _figure(6, 4.5)
     ax = fig.add_subplot()
     ax.plot(counts, counts, "k--", linewidth=1, label="ideal")
+    seen: dict[str, int] = {}
     for i, (row, points) in enumerate(lines):
         n, s = zip(*points, strict=True)
+        k = seen[row.framework] = seen.get(row.framework, -1) + 1  # nth strategy of a framework
         ax.plot(
             n,
             s,
             marker=MARKERS[i % len(MARKERS)],
+            linestyle=("-", "--", ":", "-.")[k % 4],
             color=_color(row.framework, i),
             label=f"{row.framework} {row.label}" + (" *" if row.extrapolated(*n) else ""),
         )

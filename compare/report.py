@@ -21,6 +21,12 @@ from compare.tables import R50Row, Table
 EXIT_NO_RESULTS = 1
 EXIT_BAD_INPUT = 2
 PROJECTED_STAGES = (4, 8)
+MAX_WARNINGS_SHOWN = 10
+HEADINGS = {
+    "lenet": "lenet: data parallel from scratch (d2l 13.5)",
+    "resnet18": "resnet18: concise data parallel (d2l 13.6)",
+    "resnet50": "resnet50: model parallel and pipelined (PyTorch tutorial)",
+}
 TITLE = "Multi-device training side by side: PyTorch, JAX, MXNet"
 
 
@@ -36,7 +42,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--html", action="store_true", help="also write a self-contained report.html")
     p.add_argument("--preset", default=None, help="show this preset (default: the most complete)")
     p.add_argument(
-        "--platform", default=None, help="show this platform, cpu or gpu (auto: the most complete)"
+        "--platform",
+        default=None,
+        choices=("auto", "cpu", "gpu"),
+        help="show this platform (default auto: the most complete)",
     )
     return p
 
@@ -112,9 +121,14 @@ def build(paths, out, write_html=False, preset=None, platform=None, echo=print) 
     for s in sections:
         if s.terminal is None:
             continue
-        _, preset, platform, virtual = s.group
-        echo(f"\n{s.workload} (preset {preset}, {records.platform_text(platform, virtual)})")
+        _, shown_preset, shown_platform, virtual = s.group
+        where = records.platform_text(shown_platform, virtual)
+        echo(f"\n{s.workload} (preset {shown_preset}, {where})")
         echo(render.text_table(s.terminal))
+    for warning in warnings[:MAX_WARNINGS_SHOWN]:
+        echo(f"warning: {warning}")
+    if len(warnings) > MAX_WARNINGS_SHOWN:
+        echo(f"warning: ... and {len(warnings) - MAX_WARNINGS_SHOWN} more (see the report)")
     plots = sum(len(s.figures) for s in sections)
     echo(
         f"\nwrote {', '.join(map(str, written))} and {plots} plot(s); "
@@ -129,7 +143,7 @@ def figure_caption(what: str, used: list[Entry], envs: dict[str, str]) -> str:
 
 
 def dp_section(doc: Doc, s: Section, out: Path, envs: dict[str, str]) -> None:
-    doc.heading(2, s.workload)
+    doc.heading(2, HEADINGS[s.workload])
     if s.group is None:
         doc.para(f"No comparable {s.workload} records.")
         return
@@ -157,7 +171,7 @@ def dp_section(doc: Doc, s: Section, out: Path, envs: dict[str, str]) -> None:
 
 
 def resnet50_section(doc: Doc, s: Section, out: Path, envs: dict[str, str]) -> list[LeftOut]:
-    doc.heading(2, s.workload)
+    doc.heading(2, HEADINGS[s.workload])
     if s.group is None:
         doc.para("No comparable resnet50 records.")
         return []

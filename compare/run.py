@@ -34,7 +34,7 @@ class Run:
     frameworks: tuple[str, ...]
     strategy: str | None  # None: the framework's default
     flags: tuple[str, ...] = ()
-    needs: str | None = None  # "cuda": only where the platform is gpu
+    needs: str | None = None  # "cuda": platform gpu only; "1gpu": only with exactly one GPU
     why: str = ""
 
 
@@ -60,6 +60,8 @@ RUNS: tuple[Run, ...] = (
     Run("resnet50", 2,    ALL,         None,           ("--sweep",)),  # split_size sweep
     Run("resnet50", 2,    ("torch",),  "gpipe"),
     Run("resnet50", 2,    ("torch",),  "1f1b"),
+    Run("resnet50", 1,    ALL,         None,           (),          "1gpu",
+        "the 2-device runs cannot run: at least the single-device time"),
 )
 # fmt: on
 
@@ -129,6 +131,8 @@ def make_plan(
                 if run.workload != workload or fw not in run.frameworks:
                     continue
                 step = Step(fw, workload, run.gpus, run.strategy, run.flags)
+                if run.needs == "1gpu" and not (resolved == "gpu" and accelerators == 1):
+                    continue  # a stand-in for the 2-device runs, where those cannot run
                 if run.needs == "cuda" and resolved != "gpu":
                     skipped.append((step, f"needs CUDA: {run.why}"))
                 elif resolved == "gpu" and run.gpus > accelerators:

@@ -16,7 +16,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 def table_rows(md: str, heading: str) -> dict[tuple[str, str], list[str]]:
     """The first table after `## heading`, as {(first cell, second cell): cells}."""
-    section = md.split(f"\n## {heading}\n", 1)[1]
+    section = md.split(f"\n## {heading}", 1)[1].split("\n", 1)[1]
     lines = [x for x in section.split("\n\n") if x.startswith("| ")][0].splitlines()
     header = [c.strip() for c in lines[0].strip("|").split(" | ")]
     rows = {}
@@ -179,6 +179,7 @@ def test_html_is_self_contained(built):
 def test_terminal_shows_the_main_tables(built):
     _, _, terminal = built
     assert "lenet (preset cpu, cpu (virtual))" in terminal
+    assert "warning: " in terminal and "compare_results.jsonl:4: bad results line" in terminal
     assert re.search(
         r"jax\s+scratch\s+2\s+0\.818\s+2\.50 ± 0\.10 s \(n=3\)\s+24,000\s+1\.60x", terminal
     )

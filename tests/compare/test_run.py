@@ -60,7 +60,9 @@ def test_plan_on_a_two_gpu_machine():
 def test_plan_on_a_one_gpu_machine_skips_two_device_runs_with_a_reason():
     plan = run.make_plan(run.ALL, WORKLOADS, "auto", accelerators=1)
     assert all(s.gpus == 1 for s in plan.steps)
-    assert len(plan.steps) == 3 + 2 + 2 + 1  # lenet x3, torch ddp + dataparallel, jax x2, mxnet
+    # lenet x3, torch ddp + dataparallel, jax x2, mxnet, and resnet50 (single) x3
+    assert len(plan.steps) == 3 + 2 + 2 + 1 + 3
+    assert ("mxnet", "resnet50", 1, None, ()) in described(plan.steps)
     assert len(plan.skipped) == 24 - 8
     assert all(why == "needs 2 GPUs; this machine has 1" for _, why in plan.skipped)
 
