@@ -55,7 +55,7 @@ class Entry:
 
     @property
     def sweep(self) -> bool:
-        return bool(self.rec.extra.get("sweep"))
+        return isinstance(self.rec.extra, dict) and bool(self.rec.extra.get("sweep"))
 
     @property
     def time(self) -> datetime:
@@ -152,6 +152,13 @@ def problem(rec: Record) -> str | None:
         return "images_per_sec is not a number"
     if not isinstance(rec.extra, dict):
         return "extra is not an object"
+    accs = rec.test_acc_per_epoch
+    if not isinstance(accs, list) or not all(_number(a) for a in accs):
+        return "test_acc_per_epoch is not a list of numbers"
+    if not isinstance(rec.strategy, str) or not isinstance(rec.preset, str):
+        return "strategy and preset must be strings"
+    if rec.platform not in ("cpu", "gpu"):
+        return f"unknown platform {rec.platform!r}"
     if rec.split_size is not None and (not isinstance(rec.split_size, int) or rec.split_size < 1):
         return f"split_size must be a whole number >= 1, got {rec.split_size!r}"
     return None

@@ -256,3 +256,25 @@ def test_missing_file_beside_a_good_one_is_a_warning(tmp_path):
     )  # fmt: skip
     assert code == 0
     assert "nope.jsonl: no such results file" in (tmp_path / "report.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        (dict(extra=[1, 2]), "extra is not an object"),
+        (dict(test_acc="high"), "test_acc is not a number"),
+        (dict(test_acc_per_epoch="abc"), "test_acc_per_epoch is not a list of numbers"),
+        (dict(devices=0), "devices must be a whole number >= 1"),
+        (dict(sec_per_epoch={"mean": 1.0}), "sec_per_epoch has no positive median"),
+        (dict(platform="tpu"), "unknown platform 'tpu'"),
+        (dict(workload="bert"), "unknown workload 'bert'"),
+    ],
+)
+def test_odd_records_are_left_out_with_the_reason(tmp_path, change, reason):
+    good = fixture_records.lenet("torch", 1, 10.0, 0.5, 0.8, 100.0)
+    bad = Record(**{**good.to_dict(), **change, "timestamp": "not a time"})
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps(r.to_dict()) + "\n" for r in (good, bad)))
+    assert report.build([str(path)], tmp_path / "out", echo=lambda *_: None) == 0
+    left = (tmp_path / "out" / "report.md").read_text().split("## Left out", 1)[1]
+    assert "not a time (" in left and f"): {reason}" in left
