@@ -1,0 +1,77 @@
+"""common/utilization.py: nvidia-smi parsing, region-only sampling, CPU time share, merging."""
+
+import time
+
+import pytest
+
+from common import utilization
+
+
+def test_parse_nvidia_smi_skips_unreadable_lines():
+    text = "0, 87, 1024\n1, [N/A], 512\ngarbage\n1, 40, 2048\n"
+    assert utilization.parse_nvidia_smi(text) == [(0, 87.0, 1024.0), (1, 40.0, 2048.0)]
+
+
+def test_nvml_sampler_averages_utilisation_and_takes_peak_memory_per_gpu():
+    replies = iter(["0, 10, 100\n1, 20, 200\n", "0, 30, 300\n1, 50, 100\n"])
+    s = utilization.Sampler("nvml", [0, 1], interval=60, query=lambda: next(replies))
+    s.sample_once()
+    s.sample_once()
+    r = s.result()
+    assert r["utilization_source"] == "nvml"
+    assert r["utilization"] == [20.0, 35.0]
+    assert r["peak_memory_bytes"] == [300 * 2**20, 200 * 2**20]
+
+
+def test_nvml_thread_samples_only_while_measuring():
+    calls = []
+
+    def query():
+        calls.append(time.monotonic())
+        return "0, 50, 10\n"
+
+    with utilization.Sampler("nvml", [0], interval=0.01, query=query) as s:
+        time.sleep(0.1)
+        assert not calls  # no region yet
+        with s.measure():
+            time.sleep(0.1)
+    assert calls and s.result()["utilization"] == [50.0]
+
+
+def test_cpu_time_share_of_a_busy_region():
+    s = utilization.Sampler("cpu_time")
+    with s:
+        with s.measure():
+            end = time.perf_counter() + 0.2
+            while time.perf_counter() < end:
+                pass
+        time.sleep(0.2)  # outside the region: not counted
+    r = s.result()
+    assert r["utilization_source"] == "cpu_time"
+    assert 50 <= r["utilization"][0] <= 110  # one busy core (the machine may be shared)
+    assert r["peak_memory_bytes"][0] > 1 << 20
+
+
+def test_merge_concatenates_processes():
+    parts = [
+        {"utilization": [90.0], "peak_memory_bytes": [10], "utilization_source": "cpu_time"},
+        {"utilization": [80.0], "peak_memory_bytes": [20], "utilization_source": "cpu_time"},
+    ]
+    assert utilization.merge(parts) == {
+        "utilization": [90.0, 80.0],
+        "peak_memory_bytes": [10, 20],
+        "utilization_source": "cpu_time",
+    }
+    assert utilization.merge([])["utilization_source"] == "none"
+
+
+def test_visible_gpu_indices_follow_cuda_visible_devices(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert utilization.visible_gpu_indices(2) == [2, 3]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert utilization.visible_gpu_indices(2) == [0, 1]
+
+
+def test_unknown_source_is_refused():
+    with pytest.raises(ValueError):
+        utilization.Sampler("tpu")
