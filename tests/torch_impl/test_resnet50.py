@@ -163,6 +163,7 @@ def test_fixture_is_reproduced_by_its_generator():
     spec.loader.exec_module(gen)
     fresh, fix = gen.make(), np.load(FIXTURES / "resnet50_forward.npz")
     assert np.array_equal(fresh["input"], fix["input"])
+    assert list(fresh["names"]) == list(fix["names"])
     assert close(fresh["output"], fix["output"])
     assert np.abs(fix["output"]).mean() > 1e-2  # not vanishing: the comparison means something
 
