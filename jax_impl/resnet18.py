@@ -298,7 +298,7 @@ def train(net, cfg, ds, devs, strategy, sampler=None, no_progress=False):
         out["sec_per_epoch"].append(timer.times[-1] * full_steps / len(timed))
         out["timed_steps"].append(len(timed))
         out["images"] += sum(len(b) for b in timed)
-        out["test_acc"].append(test_accuracy(correct, state, x_test, y_test, len(ds[3]), n, place))
+        out["test_acc"].append(accuracy(correct, state, x_test, y_test, len(ds[3]), n, place))
         print(
             f"epoch {epoch + 1}/{cfg.epochs}: train loss {out['train_loss'][-1]:.4f}, "
             f"test acc {out['test_acc'][-1]:.4f}, {out['sec_per_epoch'][-1]:.2f} s/epoch",
@@ -310,7 +310,7 @@ def train(net, cfg, ds, devs, strategy, sampler=None, no_progress=False):
     return out
 
 
-def test_accuracy(correct, state, x_test, y_test, count, n, place):
+def accuracy(correct, state, x_test, y_test, count, n, place):
     """Fixed-size eval batches (one compilation); the last is padded and masked."""
     size = 256 * n
     total = 0
