@@ -1,0 +1,433 @@
+"""ResNet-50 split over devices: model parallel and pipelined, after the PyTorch tutorial
+"Single-machine model parallel best practices", timed correctly (DESIGN.md sections 1, 6).
+
+Read in order: the toy model (the whole idea in ten lines), the network and how it is cut into
+stages, the model-parallel and pipelined models, the training loop, the split-size sweep, main.
+MXNet: each stage's parameters are initialised on its context and activations move with
+`as_in_context`; the engine is asynchronous, so nothing waits inside the loop and the contexts'
+worker threads overlap.
+"""
+
+import dataclasses
+
+import mxnet as mx
+import numpy as np
+from mxnet import autograd, gluon, nd
+from mxnet.gluon import nn
+
+from common import cli, config, results, timing
+from mxnet_impl import devices as mdev
+
+STRATEGIES = ("single", "model_parallel", "pipeline")
+# ResNet-50 cut into a sequence of blocks: the stem, the 16 bottlenecks, the head.
+LAYERS = (("layer1", 64, 3, 1), ("layer2", 128, 4, 2), ("layer3", 256, 6, 2), ("layer4", 512, 3, 2))
+BLOCKS = ("stem", *(f"{name}.{i}" for name, _, n, _ in LAYERS for i in range(n)), "head")
+
+
+class ToyModel(gluon.Block):
+    """The tutorial's first example: one layer per device, the activation moved in between."""
+
+    def __init__(self, devices):
+        super().__init__()
+        self.devices = [devices[0], devices[-1]]
+        self.net1 = nn.Dense(10, in_units=10)
+        self.relu = nn.Activation("relu")
+        self.net2 = nn.Dense(5, in_units=10)
+        self.net1.initialize(ctx=self.devices[0])
+        self.net2.initialize(ctx=self.devices[1])
+
+    def forward(self, x):
+        x = self.relu(self.net1(x.as_in_context(self.devices[0])))
+        return self.net2(x.as_in_context(self.devices[1]))
+
+
+def train_toy(devices, lr=0.001, seed=0):
+    """One SGD step of ToyModel; autograd follows the activation back across contexts.
+    Returns the model (updated in place) and the loss before the step."""
+    mx.random.seed(seed)
+    model = ToyModel(devices)
+    inputs, labels = nd.random.normal(shape=(20, 10)), nd.random.normal(shape=(20, 5))
+    # a Trainer needs all its parameters on one set of contexts: one per layer here
+    trainers = [
+        gluon.Trainer(layer.collect_params(), "sgd", {"learning_rate": lr}, kvstore=None)
+        for layer in (model.net1, model.net2)
+    ]
+    with autograd.record():
+        outputs = model(inputs)
+        loss = ((outputs - labels.as_in_context(outputs.context)) ** 2).mean()
+    loss.backward()
+    for trainer in trainers:
+        trainer.step(1)
+    return model, loss.asscalar()
+
+
+def block_flops(image_size=224, num_classes=1000):
+    """Multiply-accumulates of each block of BLOCKS for one image (convolutions and fc)."""
+    size = (image_size - 1) // 2 + 1  # conv1, stride 2
+    flops = [size * size * 7 * 7 * 3 * 64]
+    size = (size - 1) // 2 + 1  # max-pool, stride 2
+    inplanes = 64
+    for _, planes, n, stride in LAYERS:
+        for i in range(n):
+            out = (size - 1) // (stride if i == 0 else 1) + 1
+            f = size * size * inplanes * planes + out * out * planes * (9 * planes + 4 * planes)
+            if i == 0:
+                f += out * out * inplanes * 4 * planes  # downsample
+            flops.append(f)
+            size, inplanes = out, 4 * planes
+    flops.append(4 * 512 * num_classes)
+    return flops
+
+
+def stage_blocks(n_stages):
+    """The names of the blocks of each stage. Two stages: the tutorial's split exactly (stem +
+    layer1 + layer2 | layer3 + layer4 + avgpool + fc). Otherwise contiguous stages balanced by
+    FLOPs (at 224x224): the slowest stage sets a pipeline's pace, and FLOPs track time where
+    parameter counts do not (layer4 holds 58% of the parameters but 20% of the FLOPs)."""
+    if not 1 <= n_stages <= len(BLOCKS):
+        raise config.ConfigError(
+            f"ResNet-50 has {len(BLOCKS)} blocks to place; use 1 to {len(BLOCKS)} devices, "
+            f"got {n_stages}"
+        )
+    if n_stages == 2:
+        cut = BLOCKS.index("layer3.0")
+        return [BLOCKS[:cut], BLOCKS[cut:]]
+    prefix = [0]
+    for f in block_flops():
+        prefix.append(prefix[-1] + f)
+    n = len(BLOCKS)
+    # best[k, j]: (largest stage FLOPs, cut points) for the first j blocks in k stages
+    best = {(0, 0): (0, ())}
+    for k in range(1, n_stages + 1):
+        for j in range(k, n - (n_stages - k) + 1):
+            best[k, j] = min(
+                (max(best[k - 1, i][0], prefix[j] - prefix[i]), (*best[k - 1, i][1], j))
+                for i in range(k - 1, j)
+                if (k - 1, i) in best
+            )
+    cuts = (0, *best[n_stages, n][1])
+    return [BLOCKS[a:b] for a, b in zip(cuts, cuts[1:], strict=False)]
+
+
+# torchvision provides Bottleneck and ResNet to the torch version; here they are written out,
+# with torchvision's layer names (attribute names are Gluon's structural parameter names).
+def batch_norm(channels):
+    return nn.BatchNorm(momentum=0.9, epsilon=1e-5, in_channels=channels)
+
+
+class Bottleneck(nn.HybridBlock):
+    def __init__(self, inplanes, planes, stride=1, downsample=False):
+        super().__init__()
+        self.conv1 = nn.Conv2D(planes, 1, use_bias=False, in_channels=inplanes)
+        self.bn1 = batch_norm(planes)
+        self.conv2 = nn.Conv2D(planes, 3, stride, 1, use_bias=False, in_channels=planes)
+        self.bn2 = batch_norm(planes)
+        self.conv3 = nn.Conv2D(4 * planes, 1, use_bias=False, in_channels=planes)
+        self.bn3 = batch_norm(4 * planes)
+        self.relu = nn.Activation("relu")
+        self.downsample = nn.HybridSequential() if downsample else None
+        if downsample:
+            self.downsample.add(
+                nn.Conv2D(4 * planes, 1, stride, use_bias=False, in_channels=inplanes),
+                batch_norm(4 * planes),
+            )
+
+    def hybrid_forward(self, F, x):
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        return self.relu(out + (x if self.downsample is None else self.downsample(x)))
+
+
+class ResNet(nn.HybridBlock):
+    def __init__(self, num_classes=1000):
+        super().__init__()
+        self.conv1 = nn.Conv2D(64, 7, 2, 3, use_bias=False, in_channels=3)
+        self.bn1 = batch_norm(64)
+        self.relu = nn.Activation("relu")
+        self.maxpool = nn.MaxPool2D(3, 2, 1)
+        inplanes = 64
+        for name, planes, n, stride in LAYERS:
+            layer = nn.HybridSequential()
+            for i in range(n):
+                layer.add(Bottleneck(inplanes, planes, stride if i == 0 else 1, i == 0))
+                inplanes = 4 * planes
+            setattr(self, name, layer)
+        self.avgpool = nn.GlobalAvgPool2D()
+        self.fc = nn.Dense(num_classes, in_units=4 * 512)  # flattens its input
+
+    def hybrid_forward(self, F, x):
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(self.avgpool(x))
+
+
+def resnet50(num_classes=1000):
+    """ResNet-50 (Bottleneck, [3, 4, 6, 3]) as torchvision builds it, not yet initialised."""
+    return ResNet(num_classes)
+
+
+INIT = mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2)  # He normal
+
+
+def shared_name(name):
+    """Gluon's structural name (`layer1.0.bn1.gamma`) in the shared format: gamma and beta are
+    BatchNorm's weight and bias; everything else, layout included, is the same."""
+    head, leaf = name.rsplit(".", 1)
+    return f"{head}.{ {'gamma': 'weight', 'beta': 'bias'}.get(leaf, leaf) }"
+
+
+def get_weights(model):
+    """The shared weight format (common/weights.py). The structural names come from the
+    attribute names, through the (private) helper that save_parameters uses."""
+    params = model._collect_params_with_prefix().items()
+    return {shared_name(n): p.data(p.list_ctx()[0]).asnumpy() for n, p in params}
+
+
+def set_weights(model, params):
+    """Copy shared-format arrays into `model` in place (onto every context a parameter has)."""
+    own = {shared_name(n): p for n, p in model._collect_params_with_prefix().items()}
+    if set(own) != set(params):
+        raise ValueError(f"weights do not match: {sorted(set(own) ^ set(params))[:3]}")
+    for name, p in own.items():
+        p.set_data(nd.array(params[name]))
+
+
+def split_into_stages(model, devices):
+    """One HybridSequential per device, made of `model`'s own blocks (shared, not copied),
+    whose parameters are initialised on that device."""
+    parts = {
+        "stem": [model.conv1, model.bn1, model.relu, model.maxpool],
+        "head": [model.avgpool, model.fc],
+    }
+    stages = []
+    for names, device in zip(stage_blocks(len(devices)), devices, strict=True):
+        stage = nn.HybridSequential()
+        for b in names:
+            layer, _, i = b.partition(".")
+            stage.add(*(parts[b] if b in parts else [getattr(model, layer)[int(i)]]))
+        stage.initialize(INIT, ctx=device)
+        stage.hybridize()
+        stages.append(stage)
+    return stages
+
+
+class ModelParallelResNet50(ResNet):
+    """Stage i on devices[i]; the activation moves to the next context between stages."""
+
+    def __init__(self, devices, num_classes=1000):
+        super().__init__(num_classes)
+        self.devices = list(devices)
+        # Gluon warns about Blocks in a list attribute (it cannot register them); the stages
+        # share blocks that are registered already, so the list is kept out of its sight.
+        self.__dict__["__stages__"] = split_into_stages(self, self.devices)
+
+    @property
+    def stages(self):
+        return self.__dict__["__stages__"]
+
+    def forward(self, x):
+        for stage, device in zip(self.stages, self.devices, strict=True):
+            x = stage(x.as_in_context(device))
+        return x
+
+
+class PipelineParallelResNet50(ModelParallelResNet50):
+    """The batch cut into micro-batches of `split_size` (the last one may be smaller): while
+    stage s+1 works on micro-batch i, stage s works on micro-batch i+1 (the engine queues both
+    and runs each context's work on its own threads)."""
+
+    def __init__(self, devices, split_size=20, num_classes=1000):
+        super().__init__(devices, num_classes)
+        self.split_size = split_size
+
+    def forward(self, x):
+        config.check_split_size(self.split_size, x.shape[0])
+        acts = [x[i : i + self.split_size] for i in range(0, x.shape[0], self.split_size)]
+        n, m = len(self.stages), len(acts)
+        # At tick t stage s takes micro-batch t - s; later stages are queued first, so for two
+        # stages this is the tutorial's loop exactly.
+        for t in range(m + n - 1):
+            for s in reversed(range(n)):
+                if 0 <= t - s < m:
+                    acts[t - s] = self.stages[s](acts[t - s].as_in_context(self.devices[s]))
+        return nd.concat(*acts, dim=0)
+
+
+def make_data(cfg, devices):
+    """num_batches batches of random images, made on the first device before any clock starts,
+    and one-hot labels on the last device (where the output lands)."""
+    mx.random.seed(cfg.seed)
+    shape = (cfg.num_batches, cfg.batch_size, 3, cfg.image_size, cfg.image_size)
+    inputs = nd.random.normal(shape=shape, ctx=devices[0])
+    classes = np.random.default_rng(cfg.seed).integers(0, cfg.num_classes, shape[:2])
+    labels = nd.one_hot(nd.array(classes, ctx=devices[-1]), cfg.num_classes)
+    mdev.sync()
+    return inputs, labels
+
+
+def measure_stages(model, cfg, repeats=3):
+    """For the compare report's pipeline model: seconds each stage takes for one whole batch,
+    forward and backward, on its own device, stages run one after another (median of
+    `repeats`); parameters per stage; and parameter + gradient bytes per stage (MXNet exposes
+    no peak memory)."""
+    x = make_data(dataclasses.replace(cfg, num_batches=1), model.devices)[0][0]
+    seconds, params, memory = [], [], []
+    for i, (stage, device) in enumerate(zip(model.stages, model.devices, strict=True)):
+        x = x.as_in_context(device)
+        if i > 0:
+            x.attach_grad()  # later stages need the input grad
+
+        def step(stage=stage, x=x):
+            with autograd.record():
+                out = stage(x)
+            out.backward(nd.ones_like(out))
+
+        timer = timing.benchmark(step, mdev.sync, repeats)
+        seconds.append(timer.stats().median)
+        trained = [p for p in stage.collect_params().values() if p.grad_req != "null"]
+        params.append(sum(p.data().size for p in trained))
+        memory.append(sum(2 * p.data().size * p.data().dtype(0).itemsize for p in trained))
+        with autograd.record():  # train-mode forward for the next stage's input
+            x = stage(x).detach()
+    return {
+        "num_stages": len(model.stages),
+        "stage_blocks": [list(b) for b in stage_blocks(len(model.stages))],
+        "stage_seconds": seconds,
+        "stage_params": params,
+        "stage_peak_memory_bytes": memory,
+        "memory_source": "param_grad_bytes",
+    }
+
+
+def use_running_stats(model, on):
+    """MXNet only: BatchNorm's backward under autograd's predict mode gives NaN gradients in
+    MXNet 1.9.1, so "BN on its running statistics" is use_global_stats, under train mode."""
+
+    def visit(block):
+        if isinstance(block, nn.BatchNorm):
+            block._kwargs["use_global_stats"] = on
+        for child in block._children.values():
+            visit(child)
+
+    visit(model)
+    for stage in getattr(model, "stages", [model]):
+        stage.hybridize()  # drops the cached graphs built with the old setting
+
+
+def train(model, cfg, devices, train_bn=True):
+    """The tutorial's loop: MSE on one-hot labels, SGD, `num_batches` steps per timed repeat,
+    `warmup` repeats apart. train_bn=False: BatchNorm uses its running statistics, so cutting
+    the batch into micro-batches changes nothing (tests). Returns the Timer and every loss."""
+    # a Trainer needs all its parameters on one set of contexts: one per stage
+    use_running_stats(model, not train_bn)
+    groups = [s.collect_params() for s in getattr(model, "stages", [model])]
+    trainers = [gluon.Trainer(g, "sgd", {"learning_rate": cfg.lr}, kvstore=None) for g in groups]
+    inputs, labels = make_data(cfg, devices)
+    timer = timing.Timer(mdev.sync, warmup=cfg.warmup)
+    losses = []
+    for _ in range(cfg.warmup + cfg.repeats):
+        with timer.region():
+            for b in range(cfg.num_batches):
+                with autograd.record():
+                    outputs = model(inputs[b])
+                    loss = ((outputs - labels[b]) ** 2).mean()
+                loss.backward()
+                for trainer in trainers:
+                    trainer.step(1)  # the loss is a mean already
+                losses.append(loss)  # read after the clock stops: asscalar() would wait
+    return timer, [loss.asscalar().item() for loss in losses]
+
+
+def build(strategy, devices, split_size, num_classes):
+    if strategy == "single":
+        model = resnet50(num_classes)
+        model.initialize(INIT, ctx=devices[0])
+        model.hybridize()
+        return model
+    if strategy == "model_parallel":
+        return ModelParallelResNet50(devices, num_classes)
+    return PipelineParallelResNet50(devices, split_size, num_classes)
+
+
+def run_strategy(args, plan, cfg, devs, strategy, split_size=None, sweep=False):
+    """Build, train, time and record one strategy; returns the record."""
+    used = devs[:1] if strategy == "single" else devs
+    mx.random.seed(cfg.seed)
+    model = build(strategy, used, split_size, cfg.num_classes)
+    timer, losses = train(model, cfg, used)
+    extra = measure_stages(model, cfg) if strategy != "single" else {}
+    stats = timer.stats()
+    rec = cli.make_record(
+        "mxnet",
+        args,
+        dataclasses.replace(plan, count=len(used)),
+        cfg,
+        mdev.device_names(used),
+        mdev.versions(),
+        strategy=strategy,
+        seconds=stats.to_dict(),
+        warmup_seconds=timer.warmup_seconds,
+        images_per_sec=cfg.num_batches * cfg.batch_size / stats.median,
+        train_loss=losses,
+        split_size=split_size,
+        extra={**extra, "num_batches": cfg.num_batches, "image_size": cfg.image_size}
+        | ({"sweep": True} if sweep else {}),
+    )
+    results.append(rec, args.results)
+    split = f" (split {split_size})" if split_size else ""
+    print(
+        f"resnet50 {strategy}{split}: {stats} per {cfg.num_batches} batch(es) of "
+        f"{cfg.batch_size}, {rec.images_per_sec:.1f} images/s, loss {losses[-1]:.4f} "
+        f"on [{plan.describe() if len(used) > 1 else f'1 x {plan.platform}'}]",
+        flush=True,
+    )
+    return rec
+
+
+def sweep_split_sizes(args, plan, cfg, devs):
+    """The tutorial's last experiment: the pipelined model at every split size of the preset."""
+    for split_size in cfg.split_sizes:
+        config.check_split_size(split_size, cfg.batch_size)  # all checked before any result
+    return [
+        run_strategy(args, plan, cfg, devs, "pipeline", split_size, sweep=True)
+        for split_size in cfg.split_sizes
+    ]
+
+
+def plan_strategies(args, plan, cfg):
+    """Which strategies to run, every check made before anything runs or is written."""
+    if args.amp != "off":
+        raise config.ConfigError("resnet50 runs in float32 only (--amp off)")
+    stage_blocks(plan.count)
+    if args.sweep:
+        if args.strategy not in (None, "pipeline"):
+            raise config.ConfigError("--sweep runs the pipeline strategy; drop --strategy")
+        strategies = ["pipeline"]
+    elif args.strategy is None:
+        strategies = ["single"] if plan.count == 1 else ["single", "model_parallel", "pipeline"]
+    elif args.strategy not in STRATEGIES:
+        raise config.ConfigError(
+            f"unknown strategy {args.strategy!r} for mxnet resnet50; choose one of "
+            f"{', '.join(STRATEGIES)} (gpipe and 1f1b are torch only)"
+        )
+    else:
+        strategies = [args.strategy]
+    for s in strategies:
+        if s != "single" and plan.count < 2:
+            raise config.ConfigError(f"strategy {s!r} needs at least 2 devices (GPUS>=2)")
+    return strategies
+
+
+def main(args, plan):
+    cfg = config.for_devices(
+        config.get_config(args.workload, args.preset, **cli.overrides(args)), plan.count
+    )
+    strategies = plan_strategies(args, plan, cfg)
+    devs = mdev.get_devices(plan)
+    if args.sweep:
+        sweep_split_sizes(args, plan, cfg, devs)
+        return
+    for strategy in strategies:
+        split = cfg.split_size if strategy == "pipeline" else None
+        run_strategy(args, plan, cfg, devs, strategy, split)
