@@ -48,14 +48,15 @@ $(VENV)/%/.stamp: pyproject.toml
 
 setup: $(VENV)/base/.stamp $(foreach f,$(SELECTED),$(VENV)/$(f)/.stamp)
 
-# --- tests: framework-free suites in base (numpy 2) and mxnet (numpy 1.23), each framework's own
+# --- tests: framework-free suites in base (numpy 2) and again in mxnet (numpy 1.23); each
+# framework's suite in its own environment
 test: setup
 	@status=0; \
 	run() { echo "== pytest in $(VENV)/$$1: $${@:2}"; $(VENV)/$$1/bin/python -m pytest -q "$${@:2}"; rc=$$?; \
 	        if [ $$rc -ne 0 ]; then echo "== FAILED in $$1 (exit $$rc)"; status=1; fi; }; \
 	run base tests/common tests/compare; \
 	for f in $(SELECTED); do \
-	  if [ $$f = mxnet ]; then run $$f tests/common tests/$${f}_impl; else run $$f tests/$${f}_impl; fi; \
+	  if [ $$f = mxnet ]; then run $$f tests/common tests/compare tests/$${f}_impl; else run $$f tests/$${f}_impl; fi; \
 	done; \
 	exit $$status
 
@@ -72,12 +73,12 @@ endif
 	done
 
 report: $(VENV)/base/.stamp
-	$(VENV)/base/bin/python -m compare.report --results $(RESULTS) --out $(REPORTS)
+	$(VENV)/base/bin/python -m compare.report --results $(RESULTS) --out $(REPORTS) --html
 
 # The main job: sets up what is missing, runs everything at the preset that fits the machine.
 compare: setup
 	$(VENV)/base/bin/python -m compare.run --frameworks $(SELECTED) --workloads $(BENCH_WORKLOADS) \
-	  --results $(RESULTS) --out $(REPORTS) $(if $(PRESET),--preset $(PRESET)) --platform $(PLATFORM)
+	  --results $(RESULTS) --out $(REPORTS) $(if $(PRESET),--preset $(PRESET)) --platform $(PLATFORM) --html
 
 lint: $(VENV)/base/.stamp
 	$(VENV)/base/bin/ruff check .
