@@ -13,13 +13,20 @@ over all devices' samples (XLA all-reduces them); under `pmap` BatchNorm gets
 `axis_name='data'` and pmean-averages its statistics. Either way N devices compute what one
 device computes on the whole batch (torch DDP and MXNet Gluon keep per-device statistics).
 
-Multi-process JAX (`jax.distributed.initialize`) is not implemented here.
+Several processes (hosts, or one process per GPU): with JAX_COORDINATOR_ADDRESS (host:port of
+process 0), JAX_NUM_PROCESSES and JAX_PROCESS_ID set, `main` calls `jax.distributed.initialize`
+and the `sharding` strategy runs one program over every process's devices (the global batch is
+the same as on one machine; process 0 writes the record). Two processes on one machine:
+
+  JAX_COORDINATOR_ADDRESS=127.0.0.1:29600 JAX_NUM_PROCESSES=2 JAX_PROCESS_ID=R \
+      python -m jax_impl --workload resnet18 --gpus 1 --platform cpu   # R = 0 and 1
 Layout: flax is NHWC with HWIO kernels and (in, out) dense weights; images arrive NCHW from
 common.data and are transposed once at the boundary, weights at the exchange-format boundary.
 """
 
 from __future__ import annotations
 
+import os
 from functools import partial
 from typing import Any
 
@@ -32,7 +39,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from common import cli, config, data, results, timing, utilization, weights
+from common import cli, config, data, devices, results, timing, utilization, weights
 from jax_impl import devices as jdev
 
 STRATEGIES = ("sharding", "pmap")
@@ -299,11 +306,12 @@ def train(net, cfg, ds, devs, strategy, sampler=None, no_progress=False):
         out["timed_steps"].append(len(timed))
         out["images"] += sum(len(b) for b in timed)
         out["test_acc"].append(accuracy(correct, state, x_test, y_test, len(ds[3]), n, place))
-        print(
-            f"epoch {epoch + 1}/{cfg.epochs}: train loss {out['train_loss'][-1]:.4f}, "
-            f"test acc {out['test_acc'][-1]:.4f}, {out['sec_per_epoch'][-1]:.2f} s/epoch",
-            flush=True,
-        )
+        if jax.process_index() == 0:
+            print(
+                f"epoch {epoch + 1}/{cfg.epochs}: train loss {out['train_loss'][-1]:.4f}, "
+                f"test acc {out['test_acc'][-1]:.4f}, {out['sec_per_epoch'][-1]:.2f} s/epoch",
+                flush=True,
+            )
     out["full_steps"] = full_steps
     out["warmup_seconds"] = timer.warmup_seconds
     out["timed_seconds"] = sum(timer.times)
@@ -324,19 +332,42 @@ def accuracy(correct, state, x_test, y_test, count, n, place):
     return total / count
 
 
+def distributed_init(strategy, plan):
+    """Multi-process JAX when JAX_NUM_PROCESSES > 1: join the coordinator; the plan then counts
+    every process's devices. Must run before anything touches a JAX backend."""
+    processes = int(os.environ.get("JAX_NUM_PROCESSES", "1"))
+    if processes < 2:
+        return plan, None
+    if strategy != "sharding":
+        raise config.ConfigError("several JAX processes need --strategy sharding (not pmap)")
+    if "JAX_COORDINATOR_ADDRESS" not in os.environ or "JAX_PROCESS_ID" not in os.environ:
+        raise config.ConfigError(
+            "JAX_NUM_PROCESSES is set: also set JAX_COORDINATOR_ADDRESS and JAX_PROCESS_ID"
+        )
+    jax.distributed.initialize(
+        os.environ["JAX_COORDINATOR_ADDRESS"],
+        processes,
+        int(os.environ["JAX_PROCESS_ID"]),
+        initialization_timeout=120,
+    )
+    devs = jax.devices("gpu" if plan.platform == "gpu" else "cpu")  # every process's devices
+    return devices.DevicePlan(len(devs), plan.platform, plan.virtual), devs
+
+
 def main(args, plan):
     strategy = args.strategy or "sharding"
     if strategy not in STRATEGIES:
         raise config.ConfigError(
             f"unknown resnet18 strategy {strategy!r} for jax; choose one of {', '.join(STRATEGIES)}"
         )
+    plan, devs = distributed_init(strategy, plan)
     cfg = config.for_devices(
         config.get_config(args.workload, args.preset, **cli.overrides(args)), plan.count
     )
     if cfg.image_size != 28:
         raise config.ConfigError("resnet18 trains on Fashion-MNIST at its native 28x28")
     config.check_divisible(cfg.batch_size, plan.count)  # before JAX's IndivisibleError
-    devs = jdev.get_devices(plan)
+    devs = devs or jdev.get_devices(plan)
     ds = data.load()
     x_tr, y_tr = data.subset(ds.train_images, ds.train_labels, cfg.train_subset, cfg.seed)
     x_te, y_te = data.subset(ds.test_images, ds.test_labels, cfg.test_subset, cfg.seed)
@@ -365,8 +396,10 @@ def main(args, plan):
         train_loss=out["train_loss"],
         extrapolated=extrapolated,
         steps_timed=out["timed_steps"][-1] if extrapolated else None,
-        extra={**sampler.result(), "amp": args.amp},
+        extra={**sampler.result(), "amp": args.amp, "processes": jax.process_count()},
     )
+    if jax.process_index() != 0:  # several processes: process 0 reports
+        return
     results.append(rec, args.results)
     print(f"{out['images'] / out['timed_seconds']:.1f} images/sec ({strategy})")
     print(cli.final_line(rec.test_acc, stats.median, plan, extrapolated), flush=True)

@@ -1,7 +1,15 @@
 """resnet18 in JAX: model, weights, parity fixture, sharding/pmap == one device, smoke runs.
 Two virtual CPU devices come from tests/jax_impl/conftest.py."""
 
+import contextlib
+import functools
+import io
 import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
 from argparse import Namespace
 from pathlib import Path
 
@@ -13,7 +21,8 @@ import pytest
 from common import config, devices
 from jax_impl import resnet18 as r18
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures"
 PARAMS = 11_175_818  # d2l's ResNet-18 (conv biases, no shortcut BN), 1 channel in, 10 classes
 PARITY_SEED, PARITY_STD, PARITY_LR = 0, 0.05, 0.1  # tests/fixtures/make_resnet18_parity.py
 
@@ -67,6 +76,7 @@ def test_forward_and_step_match_the_committed_torch_fixture():
     np.testing.assert_allclose(after, ref["logits_after_step"], rtol=1e-4, atol=1e-4 * scale)
 
 
+@functools.cache
 def _one_device_step(use_bn):
     rng = np.random.default_rng(1)
     x = rng.random((8, 8, 8, 1), dtype=np.float32)
@@ -138,20 +148,61 @@ def test_unknown_strategy_is_a_config_error():
         r18.main(_args(strategy="ddp"), _plan())
 
 
+@functools.cache
+def _smoke(strategy):
+    """One in-process smoke run on the 2 virtual devices: (record, stdout); shared by tests."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path, out = Path(tmp) / "r.jsonl", io.StringIO()
+        with contextlib.redirect_stdout(out):
+            r18.main(_args(strategy=strategy, results=str(path)), _plan())
+        return json.loads(path.read_text().splitlines()[-1]), out.getvalue()
+
+
 @pytest.mark.slow
 @pytest.mark.multi_device
 @pytest.mark.parametrize("strategy", ["sharding", "pmap"])
-def test_smoke_end_to_end(strategy, tmp_path, capsys):
-    path = tmp_path / "r.jsonl"
-    r18.main(_args(strategy=strategy, results=str(path)), _plan())
-    rec = json.loads(path.read_text().splitlines()[-1])
+def test_smoke_end_to_end(strategy):
+    rec, stdout = _smoke(strategy)
     assert rec["framework"] == "jax" and rec["strategy"] == strategy
     assert rec["devices"] == 2 and rec["batch_size"] == 32 and rec["lr"] == pytest.approx(0.1)
     assert rec["extrapolated"] is True and rec["steps_timed"] == 1 and rec["images_per_sec"] > 0
     assert np.isfinite(rec["train_loss"]).all() and 0 <= rec["test_acc"] <= 1
     assert rec["extra"]["utilization_source"] == "cpu_time"
-    last = capsys.readouterr().out.strip().splitlines()[-1]
+    last = stdout.strip().splitlines()[-1]
     assert last.startswith("test acc:") and "(extrapolated) on [2 x cpu (virtual)]" in last
+
+
+@pytest.mark.slow
+@pytest.mark.multi_device
+def test_two_processes_with_jax_distributed_match_one_process(tmp_path):
+    """jax.distributed.initialize: two processes on 127.0.0.1, one CPU device each."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    path = tmp_path / "r.jsonl"
+    cmd = [sys.executable, "-m", "jax_impl", "--workload", "resnet18", "--gpus", "1"]
+    cmd += ["--platform", "cpu", "--preset", "smoke", "--results", str(path), "--no-progress"]
+    env = {**os.environ, "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}", "JAX_NUM_PROCESSES": "2"}
+    procs = [
+        subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env={**env, "JAX_PROCESS_ID": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    logs = [p.communicate(timeout=240)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), logs
+    lines = path.read_text().splitlines()
+    assert len(lines) == 1  # process 0 writes the record
+    rec, (one, _) = json.loads(lines[0]), _smoke("sharding")
+    assert rec["devices"] == 2 and rec["extra"]["processes"] == 2
+    assert rec["batch_size"] == one["batch_size"]
+    np.testing.assert_allclose(rec["train_loss"], one["train_loss"], rtol=1e-5)
+    assert rec["test_acc"] == one["test_acc"]
 
 
 @pytest.mark.slow
