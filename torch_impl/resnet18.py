@@ -277,13 +277,12 @@ def train(net, cfg, ds, device, rank=0, world=1, amp=False, sampler=None, no_pro
         if world > 1:  # each rank evaluates its slice; counts are summed
             part = np.array_split(np.arange(len(y_test)), world)[rank]
             test_x, test_y = x_test[part[0] : part[-1] + 1], y_test[part[0] : part[-1] + 1]
-        module = (
-            net.module
-            if isinstance(net, (nn.DataParallel, nn.parallel.DistributedDataParallel))
-            else net
-        )
-        counts = torch.tensor(
-            evaluate(module, test_x, test_y, max(256, cfg.batch_size), amp), dtype=torch.float64
+        # DDP: each rank runs its local module (no collectives); DataParallel scatters as usual.
+        module = net.module if isinstance(net, nn.parallel.DistributedDataParallel) else net
+        counts = torch.tensor(  # on the device: NCCL reduces CUDA tensors only
+            evaluate(module, test_x, test_y, max(256, cfg.batch_size), amp),
+            dtype=torch.float64,
+            device=device,
         )
         if world > 1:
             dist.all_reduce(counts)
