@@ -77,6 +77,18 @@ def test_stages_are_placed_on_their_devices():
         assert all(p.device == device for p in stage.parameters())
 
 
+@pytest.mark.gpu
+@pytest.mark.multi_device
+def test_stages_are_placed_on_two_gpus():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA GPUs")
+    gpus = [torch.device("cuda:0"), torch.device("cuda:1")]
+    model = r50.PipelineParallelResNet50(gpus, split_size=2)
+    for stage, device in zip(model.stages, gpus, strict=True):
+        assert all(p.device == device for p in stage.parameters())
+    assert model(torch.randn(4, 3, 64, 64, device=gpus[0])).device == gpus[1]
+
+
 def one_step(model, x, y, lr=0.01):
     """Forward, MSE, backward, SGD: (output, gradients, parameters after the step)."""
     opt = torch.optim.SGD(model.parameters(), lr=lr)
