@@ -16,13 +16,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from common import cli, config, results, timing
+from common import cli, config, results, stages, timing
 from jax_impl import devices as jdev
 
 STRATEGIES = ("single", "model_parallel", "pipeline")
-# ResNet-50 cut into a sequence of blocks: the stem, the 16 bottlenecks, the head.
-LAYERS = (("layer1", 64, 3, 1), ("layer2", 128, 4, 2), ("layer3", 256, 6, 2), ("layer4", 512, 3, 2))
-BLOCKS = ("stem", *(f"{name}.{i}" for name, _, n, _ in LAYERS for i in range(n)), "head")
 
 
 class ToyModel(nn.Module):
@@ -55,54 +52,6 @@ def train_toy(devices, lr=0.001, seed=0):
 
     loss, grads = jax.value_and_grad(loss_fn)(params)
     return jax.tree.map(lambda p, g: p - lr * g, params, grads), float(loss)
-
-
-def block_flops(image_size=224, num_classes=1000):
-    """Multiply-accumulates of each block of BLOCKS for one image (convolutions and fc)."""
-    size = (image_size - 1) // 2 + 1  # conv1, stride 2
-    flops = [size * size * 7 * 7 * 3 * 64]
-    size = (size - 1) // 2 + 1  # max-pool, stride 2
-    inplanes = 64
-    for _, planes, n, stride in LAYERS:
-        for i in range(n):
-            out = (size - 1) // (stride if i == 0 else 1) + 1
-            f = size * size * inplanes * planes + out * out * planes * (9 * planes + 4 * planes)
-            if i == 0:
-                f += out * out * inplanes * 4 * planes  # downsample
-            flops.append(f)
-            size, inplanes = out, 4 * planes
-    flops.append(4 * 512 * num_classes)
-    return flops
-
-
-def stage_blocks(n_stages):
-    """The names of the blocks of each stage. Two stages: the tutorial's split exactly (stem +
-    layer1 + layer2 | layer3 + layer4 + avgpool + fc). Otherwise contiguous stages balanced by
-    FLOPs (at 224x224): the slowest stage sets a pipeline's pace, and FLOPs track time where
-    parameter counts do not (layer4 holds 58% of the parameters but 20% of the FLOPs)."""
-    if not 1 <= n_stages <= len(BLOCKS):
-        raise config.ConfigError(
-            f"ResNet-50 has {len(BLOCKS)} blocks to place; use 1 to {len(BLOCKS)} devices, "
-            f"got {n_stages}"
-        )
-    if n_stages == 2:
-        cut = BLOCKS.index("layer3.0")
-        return [BLOCKS[:cut], BLOCKS[cut:]]
-    prefix = [0]
-    for f in block_flops():
-        prefix.append(prefix[-1] + f)
-    n = len(BLOCKS)
-    # best[k, j]: (largest stage FLOPs, cut points) for the first j blocks in k stages
-    best = {(0, 0): (0, ())}
-    for k in range(1, n_stages + 1):
-        for j in range(k, n - (n_stages - k) + 1):
-            best[k, j] = min(
-                (max(best[k - 1, i][0], prefix[j] - prefix[i]), (*best[k - 1, i][1], j))
-                for i in range(k - 1, j)
-                if (k - 1, i) in best
-            )
-    cuts = (0, *best[n_stages, n][1])
-    return [BLOCKS[a:b] for a, b in zip(cuts, cuts[1:], strict=False)]
 
 
 # torchvision provides Bottleneck and ResNet to the torch version; here they are written out,
@@ -157,11 +106,11 @@ class Layer(nn.Module):
 
 
 class ResNet50(nn.Module):
-    """ResNet-50 (Bottleneck, [3, 4, 6, 3]); runs the `blocks` of BLOCKS it is given: all of
+    """ResNet-50 (Bottleneck, [3, 4, 6, 3]); runs the `blocks` of stages.BLOCKS it is given: all of
     them, or one stage's, whose variables are then a subtree of the whole network's."""
 
     num_classes: int = 1000
-    blocks: tuple = BLOCKS
+    blocks: tuple = stages.BLOCKS
 
     @nn.compact
     def __call__(self, x, train=True):
@@ -169,7 +118,7 @@ class ResNet50(nn.Module):
             x = nn.Conv(64, (7, 7), 2, ((3, 3), (3, 3)), use_bias=False, name="conv1")(x)
             x = nn.relu(batch_norm(train, "bn1")(x))
             x = nn.max_pool(x, (3, 3), (2, 2), ((1, 1), (1, 1)))
-        for name, planes, n, stride in LAYERS:
+        for name, planes, n, stride in stages.LAYERS:
             indices = tuple(i for i in range(n) if f"{name}.{i}" in self.blocks)
             if indices:
                 x = Layer(planes, stride, indices, name=name)(x, train)
@@ -236,11 +185,11 @@ def split_into_stages(model, variables, devices):
     """One (module, variables) per device: the stage's part of `variables`, device_put there.
     JAX: the variables come apart from the module."""
     stages = []
-    for blocks, device in zip(stage_blocks(len(devices)), devices, strict=True):
+    for blocks, device in zip(stages.stage_blocks(len(devices)), devices, strict=True):
 
         def pick(tree, blocks=blocks):
             part = {k: tree[k] for k in ("conv1", "bn1") if "stem" in blocks and k in tree}
-            for name, _, n, _ in LAYERS:
+            for name, _, n, _ in stages.LAYERS:
                 sub = {str(i): tree[name][str(i)] for i in range(n) if f"{name}.{i}" in blocks}
                 if sub:
                     part[name] = sub
@@ -445,7 +394,7 @@ def measure_stages(model, cfg, repeats=3):
     source = "memory_stats.peak_bytes_in_use" if stats else "param_grad_bytes"
     return {
         "num_stages": n,
-        "stage_blocks": [list(b) for b in stage_blocks(n)],
+        "stage_blocks": [list(b) for b in stages.stage_blocks(n)],
         "stage_seconds": seconds,
         "stage_params": params,
         "stage_peak_memory_bytes": memory,
@@ -522,27 +471,8 @@ def sweep_split_sizes(args, plan, cfg, devs):
 
 
 def plan_strategies(args, plan, cfg):
-    """Which strategies to run, every check made before anything runs or is written."""
-    if args.amp != "off":
-        raise config.ConfigError("resnet50 runs in float32 only (--amp off)")
-    stage_blocks(plan.count)
-    if args.sweep:
-        if args.strategy not in (None, "pipeline"):
-            raise config.ConfigError("--sweep runs the pipeline strategy; drop --strategy")
-        strategies = ["pipeline"]
-    elif args.strategy is None:
-        strategies = ["single"] if plan.count == 1 else ["single", "model_parallel", "pipeline"]
-    elif args.strategy not in STRATEGIES:
-        raise config.ConfigError(
-            f"unknown strategy {args.strategy!r} for jax resnet50; choose one of "
-            f"{', '.join(STRATEGIES)} (gpipe and 1f1b are torch only)"
-        )
-    else:
-        strategies = [args.strategy]
-    for s in strategies:
-        if s != "single" and plan.count < 2:
-            raise config.ConfigError(f"strategy {s!r} needs at least 2 devices (GPUS>=2)")
-    return strategies
+    """The strategies to run (common.stages); gpipe and 1f1b are torch's engine only."""
+    return stages.choose_strategies(args, plan.count, STRATEGIES, "jax")
 
 
 def main(args, plan):

@@ -15,13 +15,10 @@ import numpy as np
 from mxnet import autograd, gluon, nd
 from mxnet.gluon import nn
 
-from common import cli, config, results, timing
+from common import cli, config, results, stages, timing
 from mxnet_impl import devices as mdev
 
 STRATEGIES = ("single", "model_parallel", "pipeline")
-# ResNet-50 cut into a sequence of blocks: the stem, the 16 bottlenecks, the head.
-LAYERS = (("layer1", 64, 3, 1), ("layer2", 128, 4, 2), ("layer3", 256, 6, 2), ("layer4", 512, 3, 2))
-BLOCKS = ("stem", *(f"{name}.{i}" for name, _, n, _ in LAYERS for i in range(n)), "head")
 
 
 class ToyModel(gluon.Block):
@@ -59,54 +56,6 @@ def train_toy(devices, lr=0.001, seed=0):
     for trainer in trainers:
         trainer.step(1)
     return model, loss.asscalar()
-
-
-def block_flops(image_size=224, num_classes=1000):
-    """Multiply-accumulates of each block of BLOCKS for one image (convolutions and fc)."""
-    size = (image_size - 1) // 2 + 1  # conv1, stride 2
-    flops = [size * size * 7 * 7 * 3 * 64]
-    size = (size - 1) // 2 + 1  # max-pool, stride 2
-    inplanes = 64
-    for _, planes, n, stride in LAYERS:
-        for i in range(n):
-            out = (size - 1) // (stride if i == 0 else 1) + 1
-            f = size * size * inplanes * planes + out * out * planes * (9 * planes + 4 * planes)
-            if i == 0:
-                f += out * out * inplanes * 4 * planes  # downsample
-            flops.append(f)
-            size, inplanes = out, 4 * planes
-    flops.append(4 * 512 * num_classes)
-    return flops
-
-
-def stage_blocks(n_stages):
-    """The names of the blocks of each stage. Two stages: the tutorial's split exactly (stem +
-    layer1 + layer2 | layer3 + layer4 + avgpool + fc). Otherwise contiguous stages balanced by
-    FLOPs (at 224x224): the slowest stage sets a pipeline's pace, and FLOPs track time where
-    parameter counts do not (layer4 holds 58% of the parameters but 20% of the FLOPs)."""
-    if not 1 <= n_stages <= len(BLOCKS):
-        raise config.ConfigError(
-            f"ResNet-50 has {len(BLOCKS)} blocks to place; use 1 to {len(BLOCKS)} devices, "
-            f"got {n_stages}"
-        )
-    if n_stages == 2:
-        cut = BLOCKS.index("layer3.0")
-        return [BLOCKS[:cut], BLOCKS[cut:]]
-    prefix = [0]
-    for f in block_flops():
-        prefix.append(prefix[-1] + f)
-    n = len(BLOCKS)
-    # best[k, j]: (largest stage FLOPs, cut points) for the first j blocks in k stages
-    best = {(0, 0): (0, ())}
-    for k in range(1, n_stages + 1):
-        for j in range(k, n - (n_stages - k) + 1):
-            best[k, j] = min(
-                (max(best[k - 1, i][0], prefix[j] - prefix[i]), (*best[k - 1, i][1], j))
-                for i in range(k - 1, j)
-                if (k - 1, i) in best
-            )
-    cuts = (0, *best[n_stages, n][1])
-    return [BLOCKS[a:b] for a, b in zip(cuts, cuts[1:], strict=False)]
 
 
 # torchvision provides Bottleneck and ResNet to the torch version; here they are written out,
@@ -147,7 +96,7 @@ class ResNet(nn.HybridBlock):
         self.relu = nn.Activation("relu")
         self.maxpool = nn.MaxPool2D(3, 2, 1)
         inplanes = 64
-        for name, planes, n, stride in LAYERS:
+        for name, planes, n, stride in stages.LAYERS:
             layer = nn.HybridSequential()
             for i in range(n):
                 layer.add(Bottleneck(inplanes, planes, stride if i == 0 else 1, i == 0))
@@ -201,7 +150,7 @@ def split_into_stages(model, devices):
         "head": [model.avgpool, model.fc],
     }
     stages = []
-    for names, device in zip(stage_blocks(len(devices)), devices, strict=True):
+    for names, device in zip(stages.stage_blocks(len(devices)), devices, strict=True):
         stage = nn.HybridSequential()
         for b in names:
             layer, _, i = b.partition(".")
@@ -292,7 +241,7 @@ def measure_stages(model, cfg, repeats=3):
             x = stage(x).detach()
     return {
         "num_stages": len(model.stages),
-        "stage_blocks": [list(b) for b in stage_blocks(len(model.stages))],
+        "stage_blocks": [list(b) for b in stages.stage_blocks(len(model.stages))],
         "stage_seconds": seconds,
         "stage_params": params,
         "stage_peak_memory_bytes": memory,
@@ -396,27 +345,8 @@ def sweep_split_sizes(args, plan, cfg, devs):
 
 
 def plan_strategies(args, plan, cfg):
-    """Which strategies to run, every check made before anything runs or is written."""
-    if args.amp != "off":
-        raise config.ConfigError("resnet50 runs in float32 only (--amp off)")
-    stage_blocks(plan.count)
-    if args.sweep:
-        if args.strategy not in (None, "pipeline"):
-            raise config.ConfigError("--sweep runs the pipeline strategy; drop --strategy")
-        strategies = ["pipeline"]
-    elif args.strategy is None:
-        strategies = ["single"] if plan.count == 1 else ["single", "model_parallel", "pipeline"]
-    elif args.strategy not in STRATEGIES:
-        raise config.ConfigError(
-            f"unknown strategy {args.strategy!r} for mxnet resnet50; choose one of "
-            f"{', '.join(STRATEGIES)} (gpipe and 1f1b are torch only)"
-        )
-    else:
-        strategies = [args.strategy]
-    for s in strategies:
-        if s != "single" and plan.count < 2:
-            raise config.ConfigError(f"strategy {s!r} needs at least 2 devices (GPUS>=2)")
-    return strategies
+    """The strategies to run (common.stages); gpipe and 1f1b are torch's engine only."""
+    return stages.choose_strategies(args, plan.count, STRATEGIES, "mxnet")
 
 
 def main(args, plan):

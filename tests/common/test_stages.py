@@ -1,0 +1,46 @@
+from types import SimpleNamespace
+
+import pytest
+
+from common import config, stages
+
+
+def test_tutorial_split_for_two_stages():
+    first, second = stages.stage_blocks(2)
+    assert first[0] == "stem" and first[-1] == "layer2.3" and second[0] == "layer3.0"
+    assert second[-1] == "head" and len(stages.BLOCKS) == 18
+
+
+@pytest.mark.parametrize("n", [1, 3, 4, 18])
+def test_n_stage_split_is_contiguous_and_flop_balanced(n):
+    parts = stages.stage_blocks(n)
+    assert len(parts) == n and [b for s in parts for b in s] == list(stages.BLOCKS)
+    flops = dict(zip(stages.BLOCKS, stages.block_flops(), strict=True))
+    per_stage = [sum(flops[b] for b in s) for s in parts]
+    # no stage carries more than a fair share plus the largest single block
+    assert max(per_stage) <= sum(per_stage) / n + max(flops.values())
+
+
+def test_too_many_stages_is_a_config_error():
+    with pytest.raises(config.ConfigError, match="18 blocks"):
+        stages.stage_blocks(19)
+
+
+def args(strategy=None, sweep=False, amp="off"):
+    return SimpleNamespace(strategy=strategy, sweep=sweep, amp=amp)
+
+
+def test_choose_strategies():
+    torch_all = ("single", "model_parallel", "pipeline", "gpipe", "1f1b")
+    assert stages.choose_strategies(args(), 1, torch_all, "torch") == ["single"]
+    assert stages.choose_strategies(args(), 2, torch_all, "torch") == list(stages.DEFAULT)
+    assert stages.choose_strategies(args(sweep=True), 2, torch_all, "torch") == ["pipeline"]
+    assert stages.choose_strategies(args("1f1b"), 2, torch_all, "torch") == ["1f1b"]
+    with pytest.raises(config.ConfigError, match="gpipe and 1f1b are torch only"):
+        stages.choose_strategies(args("gpipe"), 2, stages.DEFAULT, "jax")
+    with pytest.raises(config.ConfigError, match="needs at least 2 devices"):
+        stages.choose_strategies(args("pipeline"), 1, stages.DEFAULT, "jax")
+    with pytest.raises(config.ConfigError, match="drop --strategy"):
+        stages.choose_strategies(args("single", sweep=True), 2, stages.DEFAULT, "jax")
+    with pytest.raises(config.ConfigError, match="float32 only"):
+        stages.choose_strategies(args(amp="bf16"), 2, stages.DEFAULT, "mxnet")
