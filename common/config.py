@@ -176,5 +176,18 @@ def check_divisible(batch_size: int, n_devices: int) -> None:
         )
 
 
+def check_epoch_split(n_train: int, batch_size: int, n_devices: int) -> None:
+    """Every batch of an epoch splits evenly over the devices, the last (partial) one included:
+    the rule of this project, so no sample is ever dropped from the gradient."""
+    check_divisible(batch_size, n_devices)
+    last = n_train % batch_size
+    if last % n_devices:
+        raise ConfigError(
+            f"the last batch of each epoch has {last} images ({n_train} training images, batch "
+            f"size {batch_size}), which do not divide evenly over {n_devices} devices; choose a "
+            f"batch size that leaves a multiple of {n_devices}"
+        )
+
+
 def default_preset(has_accelerators: bool) -> str:
     return "full" if has_accelerators else "cpu"

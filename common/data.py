@@ -196,6 +196,12 @@ def _where() -> str:
     return ", ".join(str(d) for d in search_dirs())
 
 
+def train_size(subset_size: int | None) -> int:
+    """How many training images a run uses (all 60k when `subset_size` is None)."""
+    n_all = FILES["train_labels"].shape[0]
+    return min(subset_size or n_all, n_all)
+
+
 def to_float(images: np.ndarray) -> np.ndarray:
     """uint8 (N, 28, 28) -> float32 (N, 1, 28, 28) in [0, 1], channels first (frameworks adapt)."""
     return (images.astype(np.float32) / 255.0)[:, None, :, :]

@@ -158,15 +158,8 @@ def main(args, plan) -> None:
     if args.amp != "off":
         raise config.ConfigError("lenet runs in float32 only, like the book; drop --amp")
     # Every batch is split evenly over the devices, the epoch's last (partial) one included.
-    n_all = data.FILES["train_labels"].shape[0]
-    n_train = min(cfg.train_subset or n_all, n_all)
-    config.check_divisible(cfg.batch_size, plan.count)
-    if n_train % cfg.batch_size % plan.count:
-        raise config.ConfigError(
-            f"the last batch of each epoch has {n_train % cfg.batch_size} images ({n_train} "
-            f"training images, batch size {cfg.batch_size}), which do not divide evenly over "
-            f"{plan.count} devices; choose a batch size that leaves a multiple of {plan.count}"
-        )
+    n_train = data.train_size(cfg.train_subset)
+    config.check_epoch_split(n_train, cfg.batch_size, plan.count)
     devices = jdev.get_devices(plan)
     fm = data.load()
     # Loaded once, as arrays on device 0; batches are sliced from them.

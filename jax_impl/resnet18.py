@@ -270,16 +270,9 @@ def train(net, cfg, ds, devs, strategy, sampler=None, no_progress=False):
     timer = timing.Timer(lambda: jdev.sync(state), warmup=1)
     out = {"train_loss": [], "test_acc": [], "sec_per_epoch": [], "timed_steps": [], "images": 0}
 
-    def usable(epoch):
-        # jit sharding and pmap need equal shards: a short last batch that does not split
-        # evenly over the devices is dropped.
-        return [
-            b for b in data.batches(len(ds[1]), cfg.batch_size, cfg.seed, epoch) if len(b) % n == 0
-        ]
-
-    full_steps = len(usable(0))
+    full_steps = len(data.batches(len(ds[1]), cfg.batch_size, cfg.seed, 0))
     for epoch in range(cfg.epochs):
-        steps = usable(epoch)[: cfg.steps_per_epoch]
+        steps = data.batches(len(ds[1]), cfg.batch_size, cfg.seed, epoch)[: cfg.steps_per_epoch]
         losses = []
         bar = cli.progress(range(len(steps)), len(steps), f"epoch {epoch + 1}", no_progress)
 
@@ -366,7 +359,8 @@ def main(args, plan):
     )
     if cfg.image_size != 28:
         raise config.ConfigError("resnet18 trains on Fashion-MNIST at its native 28x28")
-    config.check_divisible(cfg.batch_size, plan.count)  # before JAX's IndivisibleError
+    # Every batch, the epoch's last included, splits evenly (before JAX's IndivisibleError).
+    config.check_epoch_split(data.train_size(cfg.train_subset), cfg.batch_size, plan.count)
     devs = devs or jdev.get_devices(plan)
     ds = data.load()
     x_tr, y_tr = data.subset(ds.train_images, ds.train_labels, cfg.train_subset, cfg.seed)

@@ -159,7 +159,6 @@ def shard_batch(x_all, y_all, idx, ctxs):
 
 def train(net, cfg, ds, ctxs, sampler=None, no_progress=False):
     """d2l's train loop on preloaded arrays (on the first context)."""
-    n = len(ctxs)
     x_train = nd.array(data.to_float(ds[0]), ctx=ctxs[0])
     y_train = nd.array(ds[1].astype(np.int32), ctx=ctxs[0], dtype="int32")
     x_test = nd.array(data.to_float(ds[2]), ctx=ctxs[0])
@@ -171,13 +170,9 @@ def train(net, cfg, ds, ctxs, sampler=None, no_progress=False):
     timer = timing.Timer(mdev.sync, warmup=1)
     out = {"train_loss": [], "test_acc": [], "sec_per_epoch": [], "timed_steps": [], "images": 0}
 
-    def usable(epoch):
-        # split_and_load needs at least one sample per context: a shorter last batch is dropped.
-        return [b for b in data.batches(len(ds[1]), cfg.batch_size, cfg.seed, epoch) if len(b) >= n]
-
-    full_steps = len(usable(0))
+    full_steps = len(data.batches(len(ds[1]), cfg.batch_size, cfg.seed, 0))
     for epoch in range(cfg.epochs):
-        steps = usable(epoch)[: cfg.steps_per_epoch]
+        steps = data.batches(len(ds[1]), cfg.batch_size, cfg.seed, epoch)[: cfg.steps_per_epoch]
         losses = []
         bar = cli.progress(range(len(steps)), len(steps), f"epoch {epoch + 1}", no_progress)
         timed = steps
@@ -231,6 +226,8 @@ def main(args, plan):
     )
     if cfg.image_size != 28:
         raise config.ConfigError("resnet18 trains on Fashion-MNIST at its native 28x28")
+    # Every batch, the epoch's last included, splits evenly: no sample is dropped.
+    config.check_epoch_split(data.train_size(cfg.train_subset), cfg.batch_size, plan.count)
     ctxs = mdev.get_devices(plan)
     ds = data.load()
     x_tr, y_tr = data.subset(ds.train_images, ds.train_labels, cfg.train_subset, cfg.seed)

@@ -237,17 +237,9 @@ def train(net, cfg, ds, device, rank=0, world=1, amp=False, sampler=None, no_pro
     sampler = sampler or utilization.Sampler("cpu_time")
     timer = timing.Timer(lambda: tdev.sync([device]), warmup=1)
     out = {"train_loss": [], "test_acc": [], "sec_per_epoch": [], "timed_steps": [], "images": 0}
-    # Batches smaller than the world size cannot give every rank a sample: dropped on every rank.
-    all_batches = [
-        b for b in data.batches(len(y_train), cfg.batch_size, cfg.seed, 0) if len(b) >= world
-    ]
-    full_steps = len(all_batches)
+    full_steps = len(data.batches(len(y_train), cfg.batch_size, cfg.seed, 0))
     for epoch in range(cfg.epochs):
-        steps = [
-            b
-            for b in data.batches(len(y_train), cfg.batch_size, cfg.seed, epoch)
-            if len(b) >= world
-        ]
+        steps = data.batches(len(y_train), cfg.batch_size, cfg.seed, epoch)
         steps = steps[: cfg.steps_per_epoch]
         total = torch.zeros((), device=device)
         bar = cli.progress(range(len(steps)), len(steps), f"epoch {epoch + 1}", no_progress or rank)
@@ -396,6 +388,8 @@ def main(args, plan):
     )
     if cfg.image_size != 28:
         raise config.ConfigError("resnet18 trains on Fashion-MNIST at its native 28x28")
+    # Every batch, the epoch's last included, splits evenly: no sample is dropped.
+    config.check_epoch_split(data.train_size(cfg.train_subset), cfg.batch_size, plan.count)
     if strategy == "dataparallel":
         if plan.platform != "gpu":
             raise config.ConfigError(

@@ -53,3 +53,11 @@ def test_divisibility_rule():
     config.check_divisible(256, 2)
     with pytest.raises(config.ConfigError, match="batch size 255 does not divide evenly over 2"):
         config.check_divisible(255, 2)
+
+
+def test_epoch_split_rule_covers_the_last_batch():
+    config.check_epoch_split(60000, 256, 2)  # last batch 96: splits
+    with pytest.raises(config.ConfigError, match="last batch of each epoch has 1 images"):
+        config.check_epoch_split(1025, 256, 2)
+    with pytest.raises(config.ConfigError, match="batch size 255 does not divide"):
+        config.check_epoch_split(1020, 255, 2)
