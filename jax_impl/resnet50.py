@@ -16,7 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from common import cli, config, results, stages, timing
+from common import cli, config, results, timing
+from common.stages import BLOCKS, LAYERS, choose_strategies, stage_blocks
 from jax_impl import devices as jdev
 
 STRATEGIES = ("single", "model_parallel", "pipeline")
@@ -106,11 +107,11 @@ class Layer(nn.Module):
 
 
 class ResNet50(nn.Module):
-    """ResNet-50 (Bottleneck, [3, 4, 6, 3]); runs the `blocks` of stages.BLOCKS it is given: all of
+    """ResNet-50 (Bottleneck, [3, 4, 6, 3]); runs the `blocks` of BLOCKS it is given: all of
     them, or one stage's, whose variables are then a subtree of the whole network's."""
 
     num_classes: int = 1000
-    blocks: tuple = stages.BLOCKS
+    blocks: tuple = BLOCKS
 
     @nn.compact
     def __call__(self, x, train=True):
@@ -118,7 +119,7 @@ class ResNet50(nn.Module):
             x = nn.Conv(64, (7, 7), 2, ((3, 3), (3, 3)), use_bias=False, name="conv1")(x)
             x = nn.relu(batch_norm(train, "bn1")(x))
             x = nn.max_pool(x, (3, 3), (2, 2), ((1, 1), (1, 1)))
-        for name, planes, n, stride in stages.LAYERS:
+        for name, planes, n, stride in LAYERS:
             indices = tuple(i for i in range(n) if f"{name}.{i}" in self.blocks)
             if indices:
                 x = Layer(planes, stride, indices, name=name)(x, train)
@@ -185,11 +186,11 @@ def split_into_stages(model, variables, devices):
     """One (module, variables) per device: the stage's part of `variables`, device_put there.
     JAX: the variables come apart from the module."""
     stages = []
-    for blocks, device in zip(stages.stage_blocks(len(devices)), devices, strict=True):
+    for blocks, device in zip(stage_blocks(len(devices)), devices, strict=True):
 
         def pick(tree, blocks=blocks):
             part = {k: tree[k] for k in ("conv1", "bn1") if "stem" in blocks and k in tree}
-            for name, _, n, _ in stages.LAYERS:
+            for name, _, n, _ in LAYERS:
                 sub = {str(i): tree[name][str(i)] for i in range(n) if f"{name}.{i}" in blocks}
                 if sub:
                     part[name] = sub
@@ -394,7 +395,7 @@ def measure_stages(model, cfg, repeats=3):
     source = "memory_stats.peak_bytes_in_use" if stats else "param_grad_bytes"
     return {
         "num_stages": n,
-        "stage_blocks": [list(b) for b in stages.stage_blocks(n)],
+        "stage_blocks": [list(b) for b in stage_blocks(n)],
         "stage_seconds": seconds,
         "stage_params": params,
         "stage_peak_memory_bytes": memory,
@@ -472,7 +473,7 @@ def sweep_split_sizes(args, plan, cfg, devs):
 
 def plan_strategies(args, plan, cfg):
     """The strategies to run (common.stages); gpipe and 1f1b are torch's engine only."""
-    return stages.choose_strategies(args, plan.count, STRATEGIES, "jax")
+    return choose_strategies(args, plan.count, STRATEGIES, "jax")
 
 
 def main(args, plan):

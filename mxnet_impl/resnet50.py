@@ -15,7 +15,8 @@ import numpy as np
 from mxnet import autograd, gluon, nd
 from mxnet.gluon import nn
 
-from common import cli, config, results, stages, timing
+from common import cli, config, results, timing
+from common.stages import LAYERS, choose_strategies, stage_blocks
 from mxnet_impl import devices as mdev
 
 STRATEGIES = ("single", "model_parallel", "pipeline")
@@ -96,7 +97,7 @@ class ResNet(nn.HybridBlock):
         self.relu = nn.Activation("relu")
         self.maxpool = nn.MaxPool2D(3, 2, 1)
         inplanes = 64
-        for name, planes, n, stride in stages.LAYERS:
+        for name, planes, n, stride in LAYERS:
             layer = nn.HybridSequential()
             for i in range(n):
                 layer.add(Bottleneck(inplanes, planes, stride if i == 0 else 1, i == 0))
@@ -150,7 +151,7 @@ def split_into_stages(model, devices):
         "head": [model.avgpool, model.fc],
     }
     stages = []
-    for names, device in zip(stages.stage_blocks(len(devices)), devices, strict=True):
+    for names, device in zip(stage_blocks(len(devices)), devices, strict=True):
         stage = nn.HybridSequential()
         for b in names:
             layer, _, i = b.partition(".")
@@ -241,7 +242,7 @@ def measure_stages(model, cfg, repeats=3):
             x = stage(x).detach()
     return {
         "num_stages": len(model.stages),
-        "stage_blocks": [list(b) for b in stages.stage_blocks(len(model.stages))],
+        "stage_blocks": [list(b) for b in stage_blocks(len(model.stages))],
         "stage_seconds": seconds,
         "stage_params": params,
         "stage_peak_memory_bytes": memory,
@@ -346,7 +347,7 @@ def sweep_split_sizes(args, plan, cfg, devs):
 
 def plan_strategies(args, plan, cfg):
     """The strategies to run (common.stages); gpipe and 1f1b are torch's engine only."""
-    return stages.choose_strategies(args, plan.count, STRATEGIES, "mxnet")
+    return choose_strategies(args, plan.count, STRATEGIES, "mxnet")
 
 
 def main(args, plan):

@@ -20,7 +20,8 @@ import torch.distributed as dist
 from torch import nn, optim
 from torchvision.models.resnet import Bottleneck, ResNet
 
-from common import cli, config, results, stages, timing
+from common import cli, config, results, timing
+from common.stages import choose_strategies, stage_blocks
 from torch_impl import devices as tdev
 
 STRATEGIES = ("single", "model_parallel", "pipeline", "gpipe", "1f1b")
@@ -84,7 +85,7 @@ def split_into_stages(model, devices):
         "head": [model.avgpool, nn.Flatten(1), model.fc],
     }
     stages = []
-    for names, device in zip(stages.stage_blocks(len(devices)), devices, strict=True):
+    for names, device in zip(stage_blocks(len(devices)), devices, strict=True):
         layers = [m for b in names for m in (parts[b] if b in parts else [model.get_submodule(b)])]
         stages.append(nn.Sequential(*layers).to(device))
     return stages
@@ -168,7 +169,7 @@ def measure_stages(model, cfg, repeats=3):
     source = "max_memory_allocated" if model.devices[0].type == "cuda" else "param_grad_bytes"
     return {
         "num_stages": len(model.stages),
-        "stage_blocks": [list(b) for b in stages.stage_blocks(len(model.stages))],
+        "stage_blocks": [list(b) for b in stage_blocks(len(model.stages))],
         "stage_seconds": seconds,
         "stage_params": params,
         "stage_peak_memory_bytes": memory,
@@ -374,7 +375,7 @@ def pipelining_worker(spec):
 
 def plan_strategies(args, plan, cfg):
     """The strategies to run (common.stages), and the pipelining engine's own limits."""
-    strategies = stages.choose_strategies(args, plan.count, STRATEGIES, "torch")
+    strategies = choose_strategies(args, plan.count, STRATEGIES, "torch")
     for s in strategies:
         if s in ("gpipe", "1f1b"):
             check_pipelining(s, plan.count, cfg.split_size, cfg.batch_size)
