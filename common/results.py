@@ -137,7 +137,12 @@ def _short(e: Exception) -> str:
     return str(e).splitlines()[0][:200]
 
 
+COMMIT_ENV = "RESULTS_GIT_COMMIT"  # for a copy of the tree without .git (a lent GPU machine)
+
+
 def git_commit() -> str | None:
+    """The checkout's commit (`-dirty` with uncommitted changes), else $RESULTS_GIT_COMMIT."""
+    fallback = os.environ.get(COMMIT_ENV) or None
     try:
         out = subprocess.run(
             ["git", "rev-parse", "--short=12", "HEAD"],
@@ -147,9 +152,9 @@ def git_commit() -> str | None:
             cwd=Path(__file__).resolve().parent,
         )
     except (OSError, subprocess.SubprocessError):
-        return None
+        return fallback
     if out.returncode != 0:
-        return None
+        return fallback
     dirty = subprocess.run(
         ["git", "status", "--porcelain", "--untracked-files=no"],
         capture_output=True,

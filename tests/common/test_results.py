@@ -110,3 +110,12 @@ def test_environment_metadata():
     versions, hardware = results.environment({"torch": "x"})
     assert versions["torch"] == "x" and "numpy" in versions and "python" in versions
     assert hardware["cpu"] and hardware["cpu_count"] >= 1
+
+
+def test_git_commit_outside_a_checkout_comes_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setattr(results, "__file__", str(tmp_path / "results.py"))  # no .git above
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    monkeypatch.delenv(results.COMMIT_ENV, raising=False)
+    assert results.git_commit() is None
+    monkeypatch.setenv(results.COMMIT_ENV, "abc123")
+    assert results.git_commit() == "abc123"
