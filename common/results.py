@@ -137,12 +137,14 @@ def _short(e: Exception) -> str:
     return str(e).splitlines()[0][:200]
 
 
-COMMIT_ENV = "RESULTS_GIT_COMMIT"  # for a copy of the tree without .git (a lent GPU machine)
+COMMIT_ENV = "RESULTS_GIT_COMMIT"
 
 
 def git_commit() -> str | None:
-    """The checkout's commit (`-dirty` with uncommitted changes), else $RESULTS_GIT_COMMIT."""
-    fallback = os.environ.get(COMMIT_ENV) or None
+    """$RESULTS_GIT_COMMIT when set (a copy of the tree, whose .git may be stale or absent),
+    else the checkout's commit, with `-dirty` when tracked files have uncommitted changes."""
+    if os.environ.get(COMMIT_ENV):
+        return os.environ[COMMIT_ENV]
     try:
         out = subprocess.run(
             ["git", "rev-parse", "--short=12", "HEAD"],
@@ -152,9 +154,9 @@ def git_commit() -> str | None:
             cwd=Path(__file__).resolve().parent,
         )
     except (OSError, subprocess.SubprocessError):
-        return fallback
+        return None
     if out.returncode != 0:
-        return fallback
+        return None
     dirty = subprocess.run(
         ["git", "status", "--porcelain", "--untracked-files=no"],
         capture_output=True,

@@ -8,6 +8,9 @@ peak resident memory. Several processes (DDP ranks) each measure themselves; `me
 Result, stored in a record's `extra`:
   {"utilization": [mean % per device or per process], "peak_memory_bytes": [...],
    "utilization_source": "nvml" | "cpu_time" | "none"}
+On GPUs `with_allocator_peaks` puts the framework allocator's own peaks in `peak_memory_bytes`:
+nvidia-smi's memory.used counts what a process reserved, and JAX reserves 75% of the GPU at
+start, so only the allocators' figures compare across frameworks.
 """
 
 from __future__ import annotations
@@ -148,6 +151,15 @@ def _mean(values: list[float]) -> float | None:
 def peak_rss_bytes() -> int:
     """Peak resident memory of this process (Linux reports ru_maxrss in KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def with_allocator_peaks(result: dict, peaks: Sequence[int], source: str) -> dict:
+    """`result` with `peaks` (bytes per device, from the framework's allocator) as the peak
+    memory; nvidia-smi's reading is kept as `nvml_memory_used_bytes`."""
+    out = dict(result, peak_memory_bytes=[int(p) for p in peaks], memory_source=source)
+    if result.get("utilization_source") == "nvml":
+        out["nvml_memory_used_bytes"] = result.get("peak_memory_bytes", [])
+    return out
 
 
 def merge(parts: Sequence[dict]) -> dict:

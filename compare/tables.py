@@ -295,6 +295,8 @@ def extras_table(title: str, rows: list[DpRow]) -> Table | None:
             if mem is None and util is None:
                 continue
             source = extra.get("utilization_source") or DASH
+            if extra.get("memory_source"):
+                source += f"; memory: {extra['memory_source']}"
             body.append(
                 [row.framework, row.label, str(n), fmt_memory(mem), fmt_percent(util), source]
             )

@@ -264,40 +264,36 @@ def train(net, cfg, ds, devs, strategy, sampler=None, no_progress=False):
     x_test = place(data.to_float(ds[2]).transpose(0, 2, 3, 1))
     y_test = place(ds[3].astype(np.int32))
     variables = init_weights(net, cfg.init_std, cfg.seed)
-    state = dict(variables, opt_state=optimizer.init(variables["params"]))
-    state = place(state)
+    initial = dict(variables, opt_state=optimizer.init(variables["params"]))
+    # On the host: `place` must copy it (a donated device array could alias it otherwise).
+    initial = jax.tree_util.tree_map(np.asarray, initial)
     sampler = sampler or utilization.Sampler("cpu_time")
     timer = timing.Timer(lambda: jdev.sync(state), warmup=1)
     out = {"train_loss": [], "test_acc": [], "sec_per_epoch": [], "timed_steps": [], "images": 0}
-
     full_steps = len(data.batches(len(ds[1]), cfg.batch_size, cfg.seed, 0))
+    # Warm-up apart from the epochs (compilation): one step of each batch shape the epochs will
+    # use, on a throwaway copy of the initial state, so every epoch is timed whole.
+    first = data.batches(len(ds[1]), cfg.batch_size, cfg.seed, 0)[: cfg.steps_per_epoch]
+    state = place(initial)
+    with timer.region():
+        for idx in {len(b): b for b in (first[0], first[-1])}.values():
+            state, _ = step(state, x_train, y_train, place(shard_batch(idx, n), True))
+    state = place(initial)  # JAX passes state in and out: training starts from a fresh copy
     for epoch in range(cfg.epochs):
         steps = data.batches(len(ds[1]), cfg.batch_size, cfg.seed, epoch)[: cfg.steps_per_epoch]
         losses = []
         bar = cli.progress(range(len(steps)), len(steps), f"epoch {epoch + 1}", no_progress)
-
-        def run_steps(batches, losses=losses, bar=bar):
-            nonlocal state
-            for idx in batches:
+        with sampler.measure(), timer.region():
+            for idx in steps:
                 state, loss = step(state, x_train, y_train, place(shard_batch(idx, n), True))
                 losses.append((loss, len(idx)))
                 bar.update(1)
-
-        timed = steps
-        if epoch == 0 and len(steps) > 1:  # the first step (compilation) is the warm-up
-            with timer.region():
-                run_steps(steps[:1])
-            timed = steps[1:]
-        with sampler.measure(), timer.region():
-            run_steps(timed)
         bar.close()
-        if epoch == 0 and len(steps) == 1:  # nothing left after a warm-up: keep this one step
-            timer.times.append(timer.warmup_times.pop())
         seen = sum(k for _, k in losses)
         out["train_loss"].append(sum(float(np.mean(l)) * k for l, k in losses) / seen)
-        out["sec_per_epoch"].append(timer.times[-1] * full_steps / len(timed))
-        out["timed_steps"].append(len(timed))
-        out["images"] += sum(len(b) for b in timed)
+        out["sec_per_epoch"].append(timer.times[-1] * full_steps / len(steps))
+        out["timed_steps"].append(len(steps))
+        out["images"] += seen
         out["test_acc"].append(accuracy(correct, state, x_test, y_test, len(ds[3]), n, place))
         if jax.process_index() == 0:
             print(
@@ -373,6 +369,11 @@ def main(args, plan):
         out = train(net, cfg, (x_tr, y_tr, x_te, y_te), devs, strategy, sampler, args.no_progress)
     stats = timing.summarize(out["sec_per_epoch"])
     extrapolated = any(k != out["full_steps"] for k in out["timed_steps"])
+    usage = sampler.result()
+    if gpu:
+        mine = [d for d in devs if d.process_index == jax.process_index()]
+        peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use", 0) for d in mine]
+        usage = utilization.with_allocator_peaks(usage, peaks, "jax peak_bytes_in_use")
     rec = cli.make_record(
         "jax",
         args,
@@ -390,7 +391,7 @@ def main(args, plan):
         train_loss=out["train_loss"],
         extrapolated=extrapolated,
         steps_timed=out["timed_steps"][-1] if extrapolated else None,
-        extra={**sampler.result(), "amp": args.amp, "processes": jax.process_count()},
+        extra={**usage, "amp": args.amp, "processes": jax.process_count()},
     )
     if jax.process_index() != 0:  # several processes: process 0 reports
         return

@@ -238,33 +238,33 @@ def train(net, cfg, ds, device, rank=0, world=1, amp=False, sampler=None, no_pro
     timer = timing.Timer(lambda: tdev.sync([device]), warmup=1)
     out = {"train_loss": [], "test_acc": [], "sec_per_epoch": [], "timed_steps": [], "images": 0}
     full_steps = len(data.batches(len(y_train), cfg.batch_size, cfg.seed, 0))
+    # Warm-up apart from the epochs (cuDNN autotuning, allocator): one step of each batch shape
+    # the epochs will use, then the initial weights are restored, so every epoch is timed whole.
+    first = data.batches(len(y_train), cfg.batch_size, cfg.seed, 0)[: cfg.steps_per_epoch]
+    initial = {k: v.detach().clone() for k, v in net.state_dict().items()}
+    with timer.region():
+        for idx in {len(b): b for b in (first[0], first[-1])}.values():
+            run_step(net, optimizer, x_train, y_train, idx, rank, world, amp)
+    net.load_state_dict(initial)
+    if os.environ.get(FAIL_RANK_ENV) == str(rank):
+        os._exit(1)  # tests: a worker dies mid-run; torchrun must end the others
     for epoch in range(cfg.epochs):
         steps = data.batches(len(y_train), cfg.batch_size, cfg.seed, epoch)
         steps = steps[: cfg.steps_per_epoch]
         total = torch.zeros((), device=device)
         bar = cli.progress(range(len(steps)), len(steps), f"epoch {epoch + 1}", no_progress or rank)
-        timed = steps
-        if epoch == 0 and len(steps) > 1:  # the first step is the warm-up, timed apart
-            with timer.region():
-                total += run_step(net, optimizer, x_train, y_train, steps[0], rank, world, amp)
-            timed = steps[1:]
-            bar.update(1)
-            if os.environ.get(FAIL_RANK_ENV) == str(rank):
-                os._exit(1)  # tests: a worker dies mid-run; torchrun must end the others
         with sampler.measure(), timer.region():
-            for idx in timed:
+            for idx in steps:
                 total += run_step(net, optimizer, x_train, y_train, idx, rank, world, amp)
                 bar.update(1)
         bar.close()
-        if epoch == 0 and len(steps) == 1:  # nothing left after a warm-up: keep this one step
-            timer.times.append(timer.warmup_times.pop())
         seen = sum(len(b) for b in steps)
         if world > 1:
             dist.all_reduce(total)
         out["train_loss"].append(float(total) / seen)
-        out["sec_per_epoch"].append(timer.times[-1] * full_steps / len(timed))
-        out["timed_steps"].append(len(timed))
-        out["images"] += sum(len(b) for b in timed)
+        out["sec_per_epoch"].append(timer.times[-1] * full_steps / len(steps))
+        out["timed_steps"].append(len(steps))
+        out["images"] += seen
         test_x, test_y = x_test, y_test
         if world > 1:  # each rank evaluates its slice; counts are summed
             part = np.array_split(np.arange(len(y_test)), world)[rank]
@@ -308,6 +308,11 @@ def run(args, plan, strategy, devs, rank, world):
     x_tr, y_tr = data.subset(ds.train_images, ds.train_labels, cfg.train_subset, cfg.seed)
     x_te, y_te = data.subset(ds.test_images, ds.test_labels, cfg.test_subset, cfg.seed)
     net = init_weights(resnet18(), cfg.init_std, cfg.seed).to(devs[0])
+    if devs[0].type == "cuda":
+        # Fixed shapes: cuDNN times its algorithms once, in the warm-up; channels-last (NHWC)
+        # is the layout tensor cores want, and spares a transpose around every convolution.
+        torch.backends.cudnn.benchmark = True
+        net = net.to(memory_format=torch.channels_last)
     if strategy == "ddp":
         net = nn.parallel.DistributedDataParallel(
             net, device_ids=[devs[0].index] if devs[0].type == "cuda" else None
@@ -332,16 +337,20 @@ def run(args, plan, strategy, devs, rank, world):
             args.no_progress,
         )
     usage = [sampler.result()]
+    peaks = [torch.cuda.max_memory_allocated(d) for d in devs] if gpu else []
     if world > 1:
         gathered = [None] * world
-        dist.all_gather_object(gathered, usage[0])
-        usage = gathered
+        dist.all_gather_object(gathered, (usage[0], peaks))
+        usage, peaks = [u for u, _ in gathered], [p for _, ps in gathered for p in ps]
     if rank != 0:
         return
     stats = timing.summarize(out["sec_per_epoch"])
     extrapolated = any(n != out["full_steps"] for n in out["timed_steps"])
+    usage = utilization.merge(usage)
+    if gpu:
+        usage = utilization.with_allocator_peaks(usage, peaks, "torch.cuda.max_memory_allocated")
     extra = {
-        **utilization.merge(usage),
+        **usage,
         "omp_num_threads": torch.get_num_threads(),
         "world_size": world,
     }

@@ -211,9 +211,6 @@ def run_strategy(args, plan, cfg, devs, strategy, split_size=None, sweep=False):
     """Build, train, time and record one strategy; returns the record."""
     used = devs[:1] if strategy == "single" else devs
     torch.manual_seed(cfg.seed)
-    for d in dict.fromkeys(used):
-        if d.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(d)
     if strategy in ("gpipe", "1f1b"):
         out = launch_pipelining(cfg, plan, strategy, split_size)
         timer = timing.Timer(warmup=cfg.warmup)
@@ -221,8 +218,13 @@ def run_strategy(args, plan, cfg, devs, strategy, split_size=None, sweep=False):
         losses, extra = out["losses"], out["extra"]
     else:
         model = build(strategy, used, split_size, cfg.num_classes)
+        cuda = list(dict.fromkeys(d for d in used if d.type == "cuda"))
+        for d in cuda:  # after the build: CUDA refuses this on a device it has not touched yet
+            torch.cuda.reset_peak_memory_stats(d)
         timer, losses = train(model, cfg, used)
         extra = measure_stages(model, cfg) if strategy != "single" else {}
+        if strategy == "single" and cuda:
+            extra = {"peak_memory_bytes": [torch.cuda.max_memory_allocated(cuda[0])]}
     stats = timer.stats()
     rec = cli.make_record(
         "torch",

@@ -112,10 +112,13 @@ def test_environment_metadata():
     assert hardware["cpu"] and hardware["cpu_count"] >= 1
 
 
-def test_git_commit_outside_a_checkout_comes_from_the_environment(tmp_path, monkeypatch):
+def test_git_commit_comes_from_the_environment_when_set(tmp_path, monkeypatch):
     monkeypatch.setattr(results, "__file__", str(tmp_path / "results.py"))  # no .git above
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
     monkeypatch.delenv(results.COMMIT_ENV, raising=False)
     assert results.git_commit() is None
+    monkeypatch.setenv(results.COMMIT_ENV, "abc123")
+    assert results.git_commit() == "abc123"
+    monkeypatch.undo()  # back in this checkout, the variable still wins over git
     monkeypatch.setenv(results.COMMIT_ENV, "abc123")
     assert results.git_commit() == "abc123"

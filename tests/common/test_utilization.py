@@ -75,3 +75,11 @@ def test_visible_gpu_indices_follow_cuda_visible_devices(monkeypatch):
 def test_unknown_source_is_refused():
     with pytest.raises(ValueError):
         utilization.Sampler("tpu")
+
+
+def test_allocator_peaks_replace_what_nvidia_smi_saw():
+    nvml = {"utilization": [80.0], "peak_memory_bytes": [60 * 2**30], "utilization_source": "nvml"}
+    out = utilization.with_allocator_peaks(nvml, [2**30], "jax peak_bytes_in_use")
+    assert out["peak_memory_bytes"] == [2**30] and out["memory_source"] == "jax peak_bytes_in_use"
+    assert out["nvml_memory_used_bytes"] == [60 * 2**30] and out["utilization"] == [80.0]
+    assert nvml["peak_memory_bytes"] == [60 * 2**30]  # the sampler's result is not changed

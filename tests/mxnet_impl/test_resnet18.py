@@ -1,5 +1,6 @@
 """resnet18 in MXNet: model, weights, parity fixture, 2 contexts == 1 context, smoke run."""
 
+import dataclasses
 import json
 from argparse import Namespace
 from pathlib import Path
@@ -127,8 +128,38 @@ def test_smoke_end_to_end(tmp_path, capsys):
     assert rec["framework"] == "mxnet" and rec["strategy"] == "gluon"
     assert rec["devices"] == 2 and rec["batch_size"] == 32
     assert rec["device_names"] == ["cpu(0)", "cpu(1)"]
-    assert rec["extrapolated"] is True and rec["steps_timed"] == 1 and rec["images_per_sec"] > 0
+    assert rec["extrapolated"] is True and rec["steps_timed"] == 2 and rec["images_per_sec"] > 0
     assert np.isfinite(rec["train_loss"]).all() and 0 <= rec["test_acc"] <= 1
     assert rec["extra"]["utilization_source"] == "cpu_time"
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("test acc:") and "(extrapolated) on [2 x cpu (virtual)]" in last
+
+
+@pytest.mark.multi_device
+def test_warm_up_steps_leave_the_initial_weights():
+    """`train` warms up on the batch shapes it will use, then sets the initial weights again
+    (every context's copy and the kvstore's): its first epoch's loss is that of the same steps
+    taken from the initial weights."""
+    rng = np.random.default_rng(2)
+    images = rng.integers(0, 256, (20, 28, 28), dtype=np.uint8)
+    labels = rng.integers(0, 10, 20)
+    cfg = config.get_config("resnet18", "smoke", batch_size=8, lr=0.5, epochs=1)
+    cfg = dataclasses.replace(cfg, steps_per_epoch=None, init_std=0.1)  # 8 + 8 + 4
+    ctxs = [mx.cpu(0), mx.cpu(1)]
+    net = r18.resnet18(width=4)
+    out = r18.train(net, cfg, (images, labels, images, labels), ctxs)
+    ref = r18.resnet18(width=4)
+    r18.init_weights(ref, cfg.init_std, cfg.seed, ctxs)
+    ref.hybridize()
+    trainer = r18.make_optimizer(ref, cfg.lr)
+    x = nd.array(r18.data.to_float(images), ctx=ctxs[0])
+    y = nd.array(labels.astype(np.int32), ctx=ctxs[0], dtype="int32")
+    total = 0.0
+    for idx in r18.data.batches(20, 8, cfg.seed, 0):
+        losses = r18.train_step(ref, trainer, *r18.shard_batch(x, y, idx, ctxs))
+        total += sum(float(loss.asscalar()) for loss in losses)
+    assert out["timed_steps"] == [3] and len(out["sec_per_epoch"]) == 1
+    assert out["train_loss"][0] == pytest.approx(total / 20, rel=1e-6)
+    got, want = r18.get_weights(net), r18.get_weights(ref)
+    for k, v in want.items():
+        np.testing.assert_allclose(got[k], v, rtol=1e-6, atol=1e-7, err_msg=k)
