@@ -16,3 +16,17 @@ def test_two_virtual_host_devices_from_conftest():
 def test_more_than_configured_is_a_clear_error():
     with pytest.raises(devices.DeviceError, match="JAX sees 2 cpu device"):
         jdev.get_devices(devices.DevicePlan(3, "cpu", True))
+
+
+@pytest.mark.parametrize(
+    ("platform", "virtual", "want"), [("cpu", True, "cpu"), ("gpu", False, None)]
+)
+def test_platform_cpu_keeps_jax_off_the_gpu(monkeypatch, platform, virtual, want):
+    """PLATFORM=cpu on a GPU machine: JAX must start no CUDA backend (which would reserve 75%
+    of the GPU and, with jax.distributed, try to share it between processes)."""
+    from jax_impl import __main__ as entry
+
+    monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+    monkeypatch.setattr(entry.devices, "set_jax_host_devices", lambda n: None)  # jax is loaded
+    entry.before_import(devices.DevicePlan(2, platform, virtual))
+    assert entry.os.environ.get("JAX_PLATFORMS") == want

@@ -68,13 +68,16 @@ def test_forward_and_step_match_the_committed_torch_fixture():
         train=True,
         mutable=["batch_stats"],
     )
-    # Two libraries, 20 float32 layers: relative 1e-4 of the logits' scale.
-    for got, key in ((logits_eval, "logits_eval"), (logits_train, "logits_train")):
+    # Two libraries, 20 float32 layers, a well-conditioned input (see the fixture's generator):
+    # within 1e-5 of the logits' scale (measured 2e-6).
+    for got, key in (
+        (logits_eval, "logits_eval"),
+        (logits_train, "logits_train"),
+        (after, "logits_after_step"),
+    ):
         scale = np.abs(ref[key]).max()
-        np.testing.assert_allclose(got, ref[key], rtol=1e-4, atol=1e-4 * scale)
+        np.testing.assert_allclose(got, ref[key], rtol=1e-5, atol=1e-5 * scale, err_msg=key)
     np.testing.assert_allclose(float(loss), ref["loss"], rtol=1e-5)
-    scale = np.abs(ref["logits_after_step"]).max()
-    np.testing.assert_allclose(after, ref["logits_after_step"], rtol=1e-4, atol=1e-4 * scale)
 
 
 @functools.cache
@@ -95,7 +98,7 @@ def _one_device_step(use_bn):
 def test_two_devices_equal_one_device_with_batchnorm(strategy):
     """BatchNorm included: global-batch statistics (sharding) / pmean'd statistics (pmap)."""
     x, y, start, single, loss = _one_device_step(use_bn=True)
-    devs = jax.devices()[:2]
+    devs = jax.devices("cpu")[:2]
     net = r18.resnet18(width=8, axis_name=r18.AXIS if strategy == "pmap" else None)
     opt = r18.make_optimizer(net, 0.1)
     parallel = r18.sharding_parallel if strategy == "sharding" else r18.pmap_parallel
@@ -231,7 +234,7 @@ def test_warm_up_steps_leave_the_initial_state():
     labels = rng.integers(0, 10, 20)
     cfg = config.get_config("resnet18", "smoke", batch_size=8, lr=0.5, epochs=1)
     cfg = dataclasses.replace(cfg, steps_per_epoch=None, init_std=0.1)  # 8 + 8 + 4
-    net, devs = r18.resnet18(width=4), jax.devices()[:1]
+    net, devs = r18.resnet18(width=4), jax.devices("cpu")[:1]
     out = r18.train(net, cfg, (images, labels, images, labels), devs, "sharding")
     opt = r18.make_optimizer(net, cfg.lr)
     place, step, _ = r18.sharding_parallel(net, opt, devs)
