@@ -5,10 +5,6 @@ Float32 convolutions and dots on NVIDIA GPUs default to TF32 in XLA; these compa
 CPU and the CPU tests' tolerances apply unchanged.
 """
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -16,6 +12,7 @@ import numpy as np
 import pytest
 
 from jax_impl import lenet
+from tests.fixtures import gpu_checks
 from tests.fixtures import lenet_reference as ref
 
 pytestmark = pytest.mark.gpu
@@ -52,20 +49,6 @@ def test_lenet_on_the_gpu_matches_the_float64_reference():
     ref.check(fixture, losses, {k: np.asarray(p) for k, p in params.items()}, after)
 
 
-def _cli(args, path, timeout=300):
-    out = subprocess.run(
-        [sys.executable, "-m", "jax_impl", "--no-progress", "--platform", "gpu", "--gpus", "1"]
-        + ["--preset", "smoke", "--results", str(path), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    return out, [json.loads(line) for line in path.read_text().splitlines()]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("workload", "strategy", "amp"),
@@ -78,13 +61,5 @@ def _cli(args, path, timeout=300):
     ],
 )
 def test_smoke_runs_on_one_gpu_record_the_gpu(tmp_path, workload, strategy, amp):
-    args = ["--workload", workload, "--amp", amp]
-    out, recs = _cli(args + (["--strategy", strategy] if strategy else []), tmp_path / "r.jsonl")
-    (rec,) = recs
-    assert (rec["platform"], rec["virtual"], rec["devices"]) == ("gpu", False, 1)
-    assert rec["hardware"]["gpus"] and rec["device_names"][0].startswith(("gpu:", "cuda:"))
-    assert all(np.isfinite(rec["train_loss"]))
-    if workload == "resnet18":
-        assert rec["extra"]["utilization_source"] == "nvml" and rec["extra"]["amp"] == amp
-    if workload != "resnet50":
-        assert "on [1 x gpu]" in out.stdout.splitlines()[-1]
+    rec = gpu_checks.gpu_smoke_run("jax", tmp_path / "r.jsonl", workload, strategy, amp)
+    assert rec["device_names"][0].startswith("gpu:")

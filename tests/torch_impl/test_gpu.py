@@ -5,16 +5,14 @@ TF32 is switched off for these comparisons: cuDNN convolutions use it by default
 from the CPU only in float32 summation order, and the CPU tests' tolerances apply unchanged.
 """
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from common import weights
+from tests.fixtures import gpu_checks
 from tests.fixtures import lenet_reference as ref
 from torch_impl import lenet
 from torch_impl import resnet50 as r50
@@ -55,27 +53,11 @@ def test_resnet50_forward_on_the_gpu_matches_the_cpu_fixture():
     fix = np.load(FIXTURES / "resnet50_forward.npz")
     model = r50.resnet50().eval()
     shapes = {k: v.shape for k, v in r50.get_weights(model).items()}
-    from common import weights
-
     r50.set_weights(model, weights.init_normal(shapes, float(fix["std"]), int(fix["seed"])))
     with torch.no_grad():
         out = model.to(CUDA)(torch.from_numpy(fix["input"]).to(CUDA)).cpu().numpy()
     scale = np.abs(fix["output"]).max()
     np.testing.assert_allclose(out, fix["output"], rtol=1e-4, atol=1e-4 * scale)
-
-
-def _cli(args, path, timeout=300):
-    out = subprocess.run(
-        [sys.executable, "-m", "torch_impl", "--no-progress", "--platform", "gpu", "--gpus", "1"]
-        + ["--preset", "smoke", "--results", str(path), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    return out, [json.loads(line) for line in path.read_text().splitlines()]
 
 
 @pytest.mark.slow
@@ -90,13 +72,5 @@ def _cli(args, path, timeout=300):
     ],
 )
 def test_smoke_runs_on_one_gpu_record_the_gpu(tmp_path, workload, strategy, amp):
-    args = ["--workload", workload, "--amp", amp]
-    out, recs = _cli(args + (["--strategy", strategy] if strategy else []), tmp_path / "r.jsonl")
-    (rec,) = recs
-    assert (rec["platform"], rec["virtual"], rec["devices"]) == ("gpu", False, 1)
-    assert rec["hardware"]["gpus"] and rec["versions"]["cuda"] != "none"
-    assert all(np.isfinite(rec["train_loss"]))
-    if workload == "resnet18":
-        assert rec["extra"]["utilization_source"] == "nvml" and rec["extra"]["amp"] == amp
-    if workload != "resnet50":
-        assert "on [1 x gpu]" in out.stdout.splitlines()[-1]
+    rec = gpu_checks.gpu_smoke_run("torch", tmp_path / "r.jsonl", workload, strategy, amp)
+    assert rec["versions"]["cuda"] != "none"

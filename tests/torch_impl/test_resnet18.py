@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from common import config, devices
+from tests.fixtures import gpu_checks
 from torch_impl import resnet18 as r18
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -302,13 +303,6 @@ def test_float32_gradients_match_float64(device):
         got = _gradients(torch.device(device), torch.float32)
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
-    total = np.sqrt(sum(np.sum(g**2) for g in want.values()))
-    errors = {
-        k: np.linalg.norm(got[k] - g) / np.linalg.norm(g)
-        for k, g in want.items()
-        # conv biases before BatchNorm: the exact gradient is 0, float32 holds noise
-        if np.linalg.norm(g) >= 1e-6 * total
-    }
-    worst = max(errors, key=errors.get)
-    print(f"{device}: worst {worst} {errors[worst]:.1e}")
-    assert errors[worst] < 1e-5, f"{worst}: {errors[worst]:.1e}"
+    worst, error = gpu_checks.worst_gradient_error(got, want)
+    print(f"{device}: worst {worst} {error:.1e}")
+    assert error < 1e-5, f"{worst}: {error:.1e}"
