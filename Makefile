@@ -42,6 +42,7 @@ $(VENV)/%/.stamp: pyproject.toml
 	@echo "== setting up $(VENV)/$* (first time: minutes; torch brings several GB of CUDA wheels)"
 	@test -x $(VENV)/$*/bin/python || $(PYTHON) -m venv $(VENV)/$*
 	@if [ "$*" = base ]; then extras=dev; else extras=$*,dev; fi; \
+	  if [ "$*" = jax ] && command -v nvidia-smi >/dev/null; then extras=jax-cuda,dev; fi; \
 	  set -o pipefail; $(VENV)/$*/bin/pip install $(PIP_FLAGS) -e ".[$$extras]" 2>&1 \
 	  | { grep -v 'is neither a file nor a directory' || true; }
 	@touch $@

@@ -11,7 +11,14 @@ from common import devices
 
 def get_devices(plan: devices.DevicePlan) -> list[jax.Device]:
     backend = "gpu" if plan.platform == "gpu" else "cpu"
-    found = jax.devices(backend)
+    try:
+        found = jax.devices(backend)
+    except RuntimeError:  # a CPU-only jaxlib on a GPU machine: "Unknown backend gpu"
+        raise devices.DeviceError(
+            "this JAX has no GPU backend (CPU-only jaxlib); install it with CUDA "
+            "(make setup FRAMEWORK=jax on a machine with nvidia-smi, or pip install "
+            "'jax[cuda12]'), or use PLATFORM=cpu"
+        ) from None
     if len(found) < plan.count:
         raise devices.DeviceError(
             f"JAX sees {len(found)} {backend} device(s), {plan.count} requested; for virtual CPU "

@@ -118,8 +118,12 @@ def train(cfg, devices, train_data, test_data, no_progress=False):
         batches = data.batches(len(y), cfg.batch_size, cfg.seed, epoch)
         total = torch.zeros((), device=devices[0])
         with timer.region():
-            for idx in cli.progress(batches, len(batches), f"epoch {epoch + 1}", no_progress):
-                idx = torch.from_numpy(idx).to(X.device)
+            # The epoch's order in one copy: a copy per batch (`.to` waits for the GPU) would
+            # stop the CPU from queueing the next batch while the GPU runs this one.
+            order = torch.from_numpy(np.concatenate(batches)).to(X.device)
+            starts = range(0, len(order), cfg.batch_size)  # the batches, in order
+            for start in cli.progress(starts, len(batches), f"epoch {epoch + 1}", no_progress):
+                idx = order[start : start + cfg.batch_size]
                 total += train_batch(X[idx], y[idx], device_params, devices, cfg.lr)
         history["train_loss"].append(float(total) / len(y))
         history["test_acc"].append(evaluate(device_params, *test_data, devices, cfg.batch_size))

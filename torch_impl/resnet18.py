@@ -243,8 +243,9 @@ def train(net, cfg, ds, device, rank=0, world=1, amp=False, sampler=None, no_pro
     first = data.batches(len(y_train), cfg.batch_size, cfg.seed, 0)[: cfg.steps_per_epoch]
     initial = {k: v.detach().clone() for k, v in net.state_dict().items()}
     with timer.region():
-        for idx in {len(b): b for b in (first[0], first[-1])}.values():
-            run_step(net, optimizer, x_train, y_train, idx, rank, world, amp)
+        shapes = list({len(b): b for b in (first[0], first[-1])}.values())
+        for sel, scale in device_batches(shapes, rank, world, device):
+            run_step(net, optimizer, x_train, y_train, sel, scale, amp)
     net.load_state_dict(initial)
     if os.environ.get(FAIL_RANK_ENV) == str(rank):
         os._exit(1)  # tests: a worker dies mid-run; torchrun must end the others
@@ -254,8 +255,8 @@ def train(net, cfg, ds, device, rank=0, world=1, amp=False, sampler=None, no_pro
         total = torch.zeros((), device=device)
         bar = cli.progress(range(len(steps)), len(steps), f"epoch {epoch + 1}", no_progress or rank)
         with sampler.measure(), timer.region():
-            for idx in steps:
-                total += run_step(net, optimizer, x_train, y_train, idx, rank, world, amp)
+            for sel, scale in device_batches(steps, rank, world, device):
+                total += run_step(net, optimizer, x_train, y_train, sel, scale, amp)
                 bar.update(1)
         bar.close()
         seen = sum(len(b) for b in steps)
@@ -291,12 +292,21 @@ def train(net, cfg, ds, device, rank=0, world=1, amp=False, sampler=None, no_pro
     return out
 
 
-def run_step(net, optimizer, x_train, y_train, idx, rank, world, amp):
-    """One global batch: this rank's slice, weighted; returns the loss summed over the slice."""
-    part, scale = shard_batch(idx, rank, world)
-    sel = torch.from_numpy(part).to(x_train.device)
+def device_batches(steps, rank, world, device):
+    """(indices on `device`, scale) of this rank's slice of every global batch in `steps`, from
+    one host-to-device copy: a copy per step (`.to` waits for the GPU to finish what is queued)
+    would stop the CPU from queueing the next step while the GPU runs this one."""
+    parts = [shard_batch(idx, rank, world) for idx in steps]
+    flat = torch.from_numpy(np.concatenate([part for part, _ in parts])).to(device)
+    ends = np.cumsum([len(part) for part, _ in parts])
+    return [(flat[end - len(p) : end], scale) for (p, scale), end in zip(parts, ends, strict=True)]
+
+
+def run_step(net, optimizer, x_train, y_train, sel, scale, amp):
+    """One global batch: this rank's slice `sel`, weighted by `scale` (its share of the global
+    batch); returns the loss summed over the slice."""
     loss = train_step(net, optimizer, x_train[sel], y_train[sel], scale, amp)
-    return loss * len(part)
+    return loss * len(sel)
 
 
 def run(args, plan, strategy, devs, rank, world):

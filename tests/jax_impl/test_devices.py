@@ -30,3 +30,12 @@ def test_platform_cpu_keeps_jax_off_the_gpu(monkeypatch, platform, virtual, want
     monkeypatch.setattr(entry.devices, "set_jax_host_devices", lambda n: None)  # jax is loaded
     entry.before_import(devices.DevicePlan(2, platform, virtual))
     assert entry.os.environ.get("JAX_PLATFORMS") == want
+
+
+def test_a_gpu_plan_without_a_gpu_backend_is_a_clear_error(monkeypatch):
+    def no_gpu(backend=None):
+        raise RuntimeError(f"Unknown backend {backend}")
+
+    monkeypatch.setattr(jdev.jax, "devices", no_gpu)
+    with pytest.raises(devices.DeviceError, match="no GPU backend.*PLATFORM=cpu"):
+        jdev.get_devices(devices.DevicePlan(1, "gpu", False))

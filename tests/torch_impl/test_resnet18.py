@@ -128,6 +128,14 @@ def test_shard_batch_weights_uneven_parts():
     assert [s for _, s in parts] == [pytest.approx(1.2), pytest.approx(0.8)]
 
 
+def test_device_batches_are_the_ranks_slices_from_one_copy():
+    steps = [np.array([7, 1, 4, 0]), np.array([2, 9, 5])]
+    got = r18.device_batches(steps, 1, 2, torch.device("cpu"))
+    assert [sel.tolist() for sel, _ in got] == [[4, 0], [5]]
+    assert [scale for _, scale in got] == [pytest.approx(1.0), pytest.approx(2 / 3)]
+    assert got[0][0].untyped_storage().data_ptr() == got[1][0].untyped_storage().data_ptr()
+
+
 def _args(**kw):
     base = dict(
         workload="resnet18",
@@ -266,9 +274,10 @@ def test_warm_up_steps_leave_the_initial_weights():
     opt = r18.make_optimizer(ref, cfg.lr)
     x = torch.from_numpy(r18.data.to_float(images))
     y = torch.from_numpy(labels.astype(np.int64))
+    steps = r18.data.batches(20, 8, cfg.seed, 0)
     total = sum(
-        float(r18.run_step(ref, opt, x, y, idx, 0, 1, False))
-        for idx in r18.data.batches(20, 8, cfg.seed, 0)
+        float(r18.run_step(ref, opt, x, y, sel, scale, False))
+        for sel, scale in r18.device_batches(steps, 0, 1, torch.device("cpu"))
     )
     assert out["timed_steps"] == [3] and len(out["sec_per_epoch"]) == 1
     assert out["train_loss"][0] == pytest.approx(total / 20, rel=1e-6)
