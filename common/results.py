@@ -142,7 +142,8 @@ COMMIT_ENV = "RESULTS_GIT_COMMIT"
 
 def git_commit() -> str | None:
     """$RESULTS_GIT_COMMIT when set (a copy of the tree, whose .git may be stale or absent),
-    else the checkout's commit, with `-dirty` when tracked files have uncommitted changes."""
+    else the checkout's commit, with `-dirty` when tracked files outside results/ have
+    uncommitted changes."""
     if os.environ.get(COMMIT_ENV):
         return os.environ[COMMIT_ENV]
     try:
@@ -157,8 +158,17 @@ def git_commit() -> str | None:
         return None
     if out.returncode != 0:
         return None
+    # Appending to a committed results file is not a change of the code that made the record.
     dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"],
+        [
+            "git",
+            "status",
+            "--porcelain",
+            "--untracked-files=no",
+            "--",
+            ":(top)",
+            ":(top,exclude)results",
+        ],
         capture_output=True,
         text=True,
         timeout=10,

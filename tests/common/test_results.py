@@ -122,3 +122,26 @@ def test_git_commit_comes_from_the_environment_when_set(tmp_path, monkeypatch):
     monkeypatch.undo()  # back in this checkout, the variable still wins over git
     monkeypatch.setenv(results.COMMIT_ENV, "abc123")
     assert results.git_commit() == "abc123"
+
+
+def test_appending_to_a_committed_results_file_is_not_dirty(tmp_path, monkeypatch):
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path,
+                       check=True, capture_output=True)  # fmt: skip
+
+    (tmp_path / "common").mkdir()
+    (tmp_path / "results").mkdir()
+    (tmp_path / "common" / "code.py").write_text("x = 1\n")
+    (tmp_path / "results" / "ref.jsonl").write_text("{}\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "init")
+    monkeypatch.setattr(results, "__file__", str(tmp_path / "common" / "results.py"))
+    monkeypatch.delenv(results.COMMIT_ENV, raising=False)
+    clean = results.git_commit()
+    assert clean and not clean.endswith("-dirty")
+    with open(tmp_path / "results" / "ref.jsonl", "a") as f:
+        f.write("{}\n")
+    assert results.git_commit() == clean
+    (tmp_path / "common" / "code.py").write_text("x = 2\n")
+    assert results.git_commit() == clean + "-dirty"
