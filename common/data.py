@@ -226,3 +226,9 @@ def batches(n: int, batch_size: int, seed: int, epoch: int) -> list[np.ndarray]:
     """Index arrays of one epoch's batches; the last is smaller when batch_size doesn't divide n."""
     order = epoch_order(n, seed, epoch)
     return [order[i : i + batch_size] for i in range(0, n, batch_size)]
+
+
+def warmup_batches(batches: list[np.ndarray]) -> list[np.ndarray]:
+    """One batch of each size in `batches` (the first, and the last when it is shorter): the
+    shapes a warm-up must cover so that no compilation or autotuning falls inside an epoch."""
+    return list({len(b): b for b in (batches[0], batches[-1])}.values())

@@ -270,13 +270,13 @@ def train(net, cfg, ds, devs, strategy, sampler=None, no_progress=False):
     sampler = sampler or utilization.Sampler("cpu_time")
     timer = timing.Timer(lambda: jdev.sync(state), warmup=1)
     out = {"train_loss": [], "test_acc": [], "sec_per_epoch": [], "timed_steps": [], "images": 0}
-    full_steps = len(data.batches(len(ds[1]), cfg.batch_size, cfg.seed, 0))
+    first = data.batches(len(ds[1]), cfg.batch_size, cfg.seed, 0)
+    full_steps = len(first)
     # Warm-up apart from the epochs (compilation): one step of each batch shape the epochs will
     # use, on a throwaway copy of the initial state, so every epoch is timed whole.
-    first = data.batches(len(ds[1]), cfg.batch_size, cfg.seed, 0)[: cfg.steps_per_epoch]
     state = place(initial)
     with timer.region():
-        for idx in {len(b): b for b in (first[0], first[-1])}.values():
+        for idx in data.warmup_batches(first[: cfg.steps_per_epoch]):
             state, _ = step(state, x_train, y_train, place(shard_batch(idx, n), True))
     state = place(initial)  # JAX passes state in and out: training starts from a fresh copy
     for epoch in range(cfg.epochs):

@@ -116,7 +116,7 @@ def train(cfg, devices, train_data, test_data, no_progress=False):
     order = data.batches(len(y), cfg.batch_size, cfg.seed, 0)
     with timer.region():
         scratch = [get_params(params, d) for d in devices]
-        for idx in {len(idx): idx for idx in (order[0], order[-1])}.values():
+        for idx in data.warmup_batches(order):
             idx = nd.array(idx, ctx=X.context, dtype="int64")
             train_batch(X.take(idx), y.take(idx), scratch, devices, cfg.lr)
     history = {"train_loss": [], "test_acc": []}

@@ -169,13 +169,13 @@ def train(net, cfg, ds, ctxs, sampler=None, no_progress=False):
     sampler = sampler or utilization.Sampler("cpu_time")
     timer = timing.Timer(mdev.sync, warmup=1)
     out = {"train_loss": [], "test_acc": [], "sec_per_epoch": [], "timed_steps": [], "images": 0}
-    full_steps = len(data.batches(len(ds[1]), cfg.batch_size, cfg.seed, 0))
+    first = data.batches(len(ds[1]), cfg.batch_size, cfg.seed, 0)
+    full_steps = len(first)
     # Warm-up apart from the epochs (graph building, memory planning): one step of each batch
     # shape the epochs will use, then the initial weights are set again (on every context, and
     # in the kvstore), so every epoch is timed whole.
-    first = data.batches(len(ds[1]), cfg.batch_size, cfg.seed, 0)[: cfg.steps_per_epoch]
     with timer.region():
-        for idx in {len(b): b for b in (first[0], first[-1])}.values():
+        for idx in data.warmup_batches(first[: cfg.steps_per_epoch]):
             train_step(net, trainer, *shard_batch(x_train, y_train, idx, ctxs))
     set_weights(net, weights.init_normal(weight_shapes(net), cfg.init_std, cfg.seed))
     for epoch in range(cfg.epochs):

@@ -237,14 +237,14 @@ def train(net, cfg, ds, device, rank=0, world=1, amp=False, sampler=None, no_pro
     sampler = sampler or utilization.Sampler("cpu_time")
     timer = timing.Timer(lambda: tdev.sync([device]), warmup=1)
     out = {"train_loss": [], "test_acc": [], "sec_per_epoch": [], "timed_steps": [], "images": 0}
-    full_steps = len(data.batches(len(y_train), cfg.batch_size, cfg.seed, 0))
+    first = data.batches(len(y_train), cfg.batch_size, cfg.seed, 0)
+    full_steps = len(first)
     # Warm-up apart from the epochs (cuDNN autotuning, allocator): one step of each batch shape
     # the epochs will use, then the initial weights are restored, so every epoch is timed whole.
-    first = data.batches(len(y_train), cfg.batch_size, cfg.seed, 0)[: cfg.steps_per_epoch]
+    warmup = data.warmup_batches(first[: cfg.steps_per_epoch])
     initial = {k: v.detach().clone() for k, v in net.state_dict().items()}
     with timer.region():
-        shapes = list({len(b): b for b in (first[0], first[-1])}.values())
-        for sel, scale in device_batches(shapes, rank, world, device):
+        for sel, scale in device_batches(warmup, rank, world, device):
             run_step(net, optimizer, x_train, y_train, sel, scale, amp)
     net.load_state_dict(initial)
     if os.environ.get(FAIL_RANK_ENV) == str(rank):

@@ -173,3 +173,10 @@ def test_subset_is_seeded_and_sorted():
     x2, y2 = data.subset(images, labels, 10, seed=1)
     assert np.array_equal(y, y2) and len(y) == 10 and np.all(np.diff(y) > 0)
     assert data.subset(images, labels, None)[1] is labels
+
+
+def test_warmup_batches_cover_each_batch_size_once():
+    parts = data.batches(1000, 256, seed=0, epoch=0)  # 3 x 256 + 232
+    warm = data.warmup_batches(parts)
+    assert [len(b) for b in warm] == [256, 232] and warm[0] is parts[0] and warm[1] is parts[-1]
+    assert [len(b) for b in data.warmup_batches(parts[:2])] == [256]
