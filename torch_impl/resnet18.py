@@ -104,9 +104,10 @@ def weight_shapes(net):
 
 
 def get_weights(net):
-    # num_batches_tracked is torch-only bookkeeping, not a weight.
+    # num_batches_tracked is torch-only bookkeeping, not a weight; float64 (tests) stays float64;
+    # a copy, since on the CPU .numpy() shares memory.
     return {
-        k: v.detach().float().cpu().numpy().copy()  # a copy: on CPU numpy() shares memory
+        k: v.detach().to(torch.promote_types(v.dtype, torch.float32)).cpu().numpy().copy()
         for k, v in net.state_dict().items()
         if not k.endswith("num_batches_tracked")
     }
@@ -129,7 +130,8 @@ def make_optimizer(net, lr):
 
 
 def loss_fn(logits, labels):
-    return F.cross_entropy(logits.float(), labels)  # mean over the batch
+    # Mean over the batch, in float32 at least: bf16 autocast hands back bf16 logits.
+    return F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)), labels)
 
 
 def train_step(net, optimizer, x, y, scale=1.0, amp=False):
