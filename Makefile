@@ -1,6 +1,7 @@
 # Multi-device training side by side: PyTorch, JAX, MXNet.
 #   make compare                          the main job: every framework x workload, then the report
 #   make test                             every test suite, each in its framework's environment
+#   make numerics [NUMERICS_ISAS=AVX2]    the numerics tests, natively and with the ISA capped
 #   make bench FRAMEWORK=jax GPUS=2 [WORKLOAD=lenet] [PRESET=cpu] [PLATFORM=auto] [STRATEGY=...]
 #   make report | setup [FRAMEWORK=..] | lint | info | clean
 
@@ -34,7 +35,7 @@ else
   BENCH_WORKLOADS := $(WORKLOADS)
 endif
 
-.PHONY: setup test bench report compare lint format info clean
+.PHONY: setup test numerics mutants bench report compare lint format info clean
 
 # --- environments: base (common, compare, lint) + one per framework (DESIGN.md section 4) ------
 # A stamp per environment, newer than pyproject.toml: re-running setup is a no-op.
@@ -60,6 +61,27 @@ test: setup
 	  if [ $$f = mxnet ]; then run $$f tests/common tests/compare tests/$${f}_impl; else run $$f tests/$${f}_impl; fi; \
 	done; \
 	exit $$status
+
+# --- numerics: the tests marked `numerics` (tests/fixtures/numerics.py), natively and with the CPU
+# instruction set capped at AVX2, so an AVX-512 machine also runs what an AVX2 machine runs
+# (oneDNN in torch, MKLDNN in MXNet, XLA:CPU in JAX each pick kernels by instruction set).
+NUMERICS_ISAS ?= native AVX2
+ISA_CAP = ONEDNN_MAX_CPU_ISA=AVX2 DNNL_MAX_CPU_ISA=AVX2 XLA_FLAGS="$$XLA_FLAGS --xla_cpu_max_isa=AVX2"
+numerics: setup
+	@status=0; \
+	for isa in $(NUMERICS_ISAS); do \
+	  for f in $(SELECTED); do \
+	    echo "== numerics in $(VENV)/$$f, ISA $$isa"; \
+	    ( if [ $$isa = AVX2 ]; then export $(ISA_CAP); fi; \
+	      $(VENV)/$$f/bin/python -m pytest -q -m numerics tests/$${f}_impl ) \
+	      || { echo "== FAILED: numerics in $$f, ISA $$isa"; status=1; }; \
+	  done; \
+	done; \
+	exit $$status
+
+# Planted bugs: each numerics test must fail on its mutant (tests/numerics_mutants.py; minutes).
+mutants: setup
+	$(VENV)/base/bin/python -m tests.numerics_mutants $(if $(ISA),--isa $(ISA))
 
 # --- one benchmark run per workload, appending to $(RESULTS) ------------------------------------
 bench:

@@ -129,16 +129,16 @@ class PipelineParallelResNet50(ModelParallelResNet50):
         return torch.cat(acts)
 
 
-def make_data(cfg, devices):
+def make_data(cfg, devices, dtype=torch.float32):
     """num_batches batches of random images, made on the first device before any clock starts,
-    and one-hot labels on the last device (where the output lands)."""
+    and one-hot labels on the last device (where the output lands); `dtype`: float64 in tests."""
     gen = torch.Generator(device=devices[0]).manual_seed(cfg.seed)
     shape = (cfg.num_batches, cfg.batch_size, 3, cfg.image_size, cfg.image_size)
-    inputs = torch.randn(shape, generator=gen, device=devices[0])
+    inputs = torch.randn(shape, generator=gen, device=devices[0]).to(dtype)
     classes = torch.randint(
         0, cfg.num_classes, (cfg.num_batches, cfg.batch_size), generator=torch.Generator()
     )
-    labels = nn.functional.one_hot(classes, cfg.num_classes).float().to(devices[-1])
+    labels = nn.functional.one_hot(classes, cfg.num_classes).to(dtype).to(devices[-1])
     return inputs, labels
 
 
@@ -184,7 +184,7 @@ def train(model, cfg, devices, train_bn=True):
     model.train(train_bn)
     loss_fn = nn.MSELoss()
     optimizer = optim.SGD(model.parameters(), lr=cfg.lr)
-    inputs, labels = make_data(cfg, devices)
+    inputs, labels = make_data(cfg, devices, next(model.parameters()).dtype)
     timer = timing.Timer(lambda: tdev.sync(devices), warmup=cfg.warmup)
     losses = []
     for _ in range(cfg.warmup + cfg.repeats):

@@ -8,8 +8,7 @@ import torch
 
 from common import cli, config, devices, results
 from tests.fixtures import lenet_reference as ref
-from tests.fixtures import numerics
-from tests.fixtures import make_lenet_parity
+from tests.fixtures import make_lenet_parity, numerics
 from torch_impl import devices as tdev
 from torch_impl import lenet
 

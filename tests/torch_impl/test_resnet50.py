@@ -1,6 +1,5 @@
 import argparse
 import dataclasses
-import importlib.util
 import json
 from pathlib import Path
 
@@ -9,39 +8,50 @@ import pytest
 import torch
 
 from common import config, devices, weights
+from tests.fixtures import make_resnet50_fixture as gen
+from tests.fixtures import numerics
 from torch_impl import resnet50 as r50
 
 DEVS = [torch.device("cpu")] * 2
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 BATCH = 4
-# float32, sums of a few thousand terms per output: micro-batches change the blocking of the
-# convolutions, so results agree to rounding (~1e-6 relative), not bit for bit. The bound on
-# gradients is relative to each tensor's largest entry (entries near zero have no own scale).
-RTOL = 1e-5
-
-
-def close(a, b, rtol=RTOL):
-    a, b = np.asarray(a), np.asarray(b)
-    return np.abs(a - b).max() <= rtol * max(np.abs(b).max(), 1e-30)
 
 
 def smoke_cfg(**kw):
     return config.get_config("resnet50", "smoke", batch_size=BATCH, **kw)
 
 
+def toy_step(x, y, w1, b1, w2, b2, lr=0.1):
+    """ToyModel's loss and its weights after one SGD step on MSE, in numpy float64."""
+    pre = x @ w1.T + b1
+    h = np.maximum(pre, 0)
+    out = h @ w2.T + b2
+    g_out = 2 * (out - y) / out.size
+    g_h = (g_out @ w2) * (pre > 0)
+    after = {"net1.weight": w1 - lr * g_h.T @ x, "net2.weight": w2 - lr * g_out.T @ h}
+    return {"loss": np.mean((out - y) ** 2), **after}, pre
+
+
+@pytest.mark.numerics
 def test_toy_model_one_step_matches_numpy():
+    """Rule 2 of tests/fixtures/numerics.py: torch's float32 step against numpy's float64 one.
+    The 200 hidden pre-activations are checked to lie far from ReLU's kink (in units of
+    float32's error bound), so float32 cannot decide one differently."""
     torch.manual_seed(0)
     ref = r50.ToyModel(DEVS)
     x, y = torch.randn(20, 10).numpy(), torch.randn(20, 5).numpy()
-    w1, b1, w2, b2 = (p.detach().numpy().copy() for p in ref.parameters())
+    params = [p.detach().numpy().copy() for p in ref.parameters()]
+    w = dict(zip(("w1", "b1", "w2", "b2"), params, strict=True))
     model, loss = r50.train_toy(DEVS, lr=0.1, seed=0)
-    h = np.maximum(x @ w1.T + b1, 0)
-    out = h @ w2.T + b2
-    assert loss == pytest.approx(np.mean((out - y) ** 2), rel=1e-6)
-    g_out = 2 * (out - y) / out.size
-    g_h = (g_out @ w2) * (h > 0)
-    assert close(model.net2.weight.detach(), w2 - 0.1 * g_out.T @ h)
-    assert close(model.net1.weight.detach(), w1 - 0.1 * g_h.T @ x)
+    want, pre = toy_step(x, y, **w)
+    moved = numerics.perturb({**w, "x": x, "y": y})
+    off, _ = toy_step(moved.pop("x"), moved.pop("y"), **moved)
+    factor = numerics.rounding_factor(4, 100)  # 2 layers forward, 2 back; MSE sums 100 terms
+    assert np.abs(pre).min() > 1e3 * factor * numerics.U32 * np.abs(pre).max()
+    got = {"loss": loss, **{k: p.detach().numpy() for k, p in model.named_parameters()}}
+    for key, value in want.items():
+        sensitivity = numerics.rel_error(off[key], value)
+        numerics.check_float32(f"torch toy {key}", got[key], value, sensitivity, 4, 100)
     assert model.net1.weight.device == DEVS[0] and model.net2.weight.device == DEVS[1]
 
 
@@ -105,8 +115,10 @@ def make(kind, start, train_bn, split=None):
     return model.train(train_bn)
 
 
+@pytest.mark.numerics
 @pytest.mark.multi_device
 def test_model_parallel_equals_single_exactly_in_train_mode(data, start):
+    """The same operations in the same order on the same device: bitwise equal."""
     ref = one_step(make("single", start, True), *data)
     for got in (
         one_step(make("model_parallel", start, True), *data),
@@ -119,17 +131,25 @@ def test_model_parallel_equals_single_exactly_in_train_mode(data, start):
                 assert torch.equal(a, b)
 
 
+@pytest.mark.numerics
 @pytest.mark.multi_device
 @pytest.mark.parametrize("split", [1, 3, BATCH])  # 3 does not divide 4: micro-batches 3 and 1
 def test_pipeline_equals_single_with_bn_on_running_stats(data, start, split):
-    # Train-mode BatchNorm normalises each micro-batch by its own statistics (as the tutorial
-    # does), so only with BN on its running statistics must the outputs agree for every split.
-    ref = one_step(make("single", start, False), *data)
-    got = one_step(make("pipeline", start, False, split), *data)
-    assert close(got[0], ref[0])
-    for k in ref[1]:
-        assert close(got[1][k], ref[1][k], rtol=1e-4), k  # summed over micro-batches
-        assert close(got[2][k], ref[2][k]), k
+    """Rule 1 (float64): micro-batches change the blocking of every convolution, so in float32
+    the two agree only to rounding, and gradients can take other sides of ReLU kinks.
+    Train-mode BatchNorm normalises each micro-batch by its own statistics (as the tutorial
+    does), so only with BN on its running statistics must the results agree for every split."""
+    x, y = (t.double() for t in data)
+    ref = one_step(make("single", start, False).double(), x, y)
+    got = one_step(make("pipeline", start, False, split).double(), x, y)
+    name = f"torch resnet50 pipeline split {split} vs single"
+    numerics.check_same_math(f"{name}: output", got[0], ref[0])
+    numerics.check_same_math(f"{name}: gradients", _numpy(got[1]), _numpy(ref[1]))
+    numerics.check_same_math(f"{name}: weights after", _numpy(got[2]), _numpy(ref[2]))
+
+
+def _numpy(tensors):
+    return {k: v.detach().cpu().numpy() for k, v in tensors.items()}
 
 
 def test_bad_split_sizes_are_clear_errors(data, start):
@@ -144,23 +164,30 @@ def test_bad_split_sizes_are_clear_errors(data, start):
         r50.check_pipelining("1f1b", 2, BATCH, BATCH)
 
 
-def fixture_model():
+def _fixture_forward(dtype):
     fix = np.load(FIXTURES / "resnet50_forward.npz")
-    model = r50.resnet50().eval()
-    shapes = {k: v.shape for k, v in r50.get_weights(model).items()}
-    r50.set_weights(model, weights.init_normal(shapes, float(fix["std"]), int(fix["seed"])))
-    return model, fix
+    shapes = {k: v.shape for k, v in r50.get_weights(r50.resnet50()).items()}
+    params = weights.init_normal(shapes, float(fix["std"]), int(fix["seed"]))
+    return gen.forward(params, fix["input"], dtype), fix
 
 
-def test_fixture_is_reproduced_by_its_generator():
-    spec = importlib.util.spec_from_file_location("gen", FIXTURES / "make_resnet50_fixture.py")
-    gen = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gen)
-    fresh, fix = gen.make(), np.load(FIXTURES / "resnet50_forward.npz")
-    assert np.array_equal(fresh["input"], fix["input"])
-    assert list(fresh["names"]) == list(fix["names"])
-    assert close(fresh["output"], fix["output"])
+@pytest.mark.numerics
+def test_float64_forward_reproduces_the_fixture():
+    """Rule 1: the fixture is this program's float64 output (also checks its generator)."""
+    out, fix = _fixture_forward(torch.float64)
+    assert list(gen.make()["names"]) == list(fix["names"])
     assert np.abs(fix["output"]).mean() > 1e-2  # not vanishing: the comparison means something
+    numerics.check_same_math("torch resnet50 float64 forward", out, fix["output"])
+
+
+@pytest.mark.numerics
+def test_float32_forward_matches_the_float64_fixture():
+    """Rule 2: eval-mode forward, continuous in the input."""
+    out, fix = _fixture_forward(torch.float32)
+    sensitivity = float(fix["output.sensitivity"])
+    numerics.check_float32(
+        "torch resnet50 float32 forward", out, fix["output"], sensitivity, gen.STAGES, gen.REDUCTION
+    )
 
 
 def args_for(tmp_path, **kw):
@@ -225,17 +252,35 @@ def test_main_refuses_bad_requests_before_writing(tmp_path):
     assert not Path(args.results).exists()
 
 
+def _single_losses(cfg, dtype, moved=False):
+    """single's losses step after step (BatchNorm on running statistics), in `dtype`; `moved`:
+    the weights perturbed by float32's rounding (rule 2's sensitivity; the input's rounding adds
+    one layer's worth to 53 layers' and is left out)."""
+    torch.manual_seed(cfg.seed)
+    model = r50.resnet50().to(dtype)
+    if moved:
+        r50.set_weights(model, numerics.perturb(r50.get_weights(model)))
+    return r50.train(model, cfg, DEVS[:1], train_bn=False)[1]
+
+
+@pytest.mark.numerics
 @pytest.mark.slow
 @pytest.mark.multi_device
 @pytest.mark.parametrize("strategy", ["gpipe", "1f1b"])
 def test_pipelining_engine_matches_single(strategy):
-    # BatchNorm on running statistics (as above): micro-batches then change nothing, so two
-    # processes exchanging activations over gloo must give single's losses, step after step.
+    """Two processes exchanging activations over gloo (float32, the engine has no float64 mode)
+    against single in float64, step after step, with rule 2. With BatchNorm on running
+    statistics micro-batches change nothing but rounding. The second loss follows the first
+    step's gradient, which jumps at ReLU kinks; at lr 0.001 such a jump moves that loss by
+    about lr * |g| * |jump| / loss, below 1e-9 here: far inside the limit."""
     cfg = dataclasses.replace(smoke_cfg(image_size=32), num_batches=2, warmup=0)
     plan = devices.DevicePlan(2, "cpu", True)
     out = r50.launch_pipelining(cfg, plan, strategy, split_size=2, train_bn=False)
-    torch.manual_seed(cfg.seed)
-    _, losses = r50.train(r50.resnet50(), cfg, DEVS[:1], train_bn=False)
-    assert len(out["losses"]) == len(losses) == 2
-    assert np.allclose(out["losses"], losses, rtol=1e-5, atol=0)
+    want = _single_losses(cfg, torch.float64)
+    off = _single_losses(cfg, torch.float64, moved=True)
+    assert len(out["losses"]) == len(want) == 2
+    for step, (got, exact, moved) in enumerate(zip(out["losses"], want, off, strict=True)):
+        sensitivity = numerics.rel_error(moved, exact)
+        name = f"torch resnet50 {strategy} loss {step + 1}"
+        numerics.check_float32(name, got, exact, sensitivity, 2 * gen.STAGES, gen.REDUCTION)
     assert out["extra"]["stage_params"] == [1_444_928, 24_112_104]
