@@ -95,8 +95,10 @@ def run_test(m: Mutant, mutate: bool, isa: str | None) -> tuple[float | None, st
         return worst, tail
 
 
-def ratio(value: float | None) -> str:
-    return "(an exact assertion failed first)" if value is None else f"{value:.3g}"
+def ratio(value: float | None, tail: str = "") -> str:
+    if value is None:
+        return f"no check ran ({tail})" if tail else "no check ran"
+    return f"{value:.3g}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         missed += not caught
         test = m.test.split("::")[-1]
         print(
-            f"| {m.id} | {m.what} | {test} | {ratio(clean)} | {ratio(worst)} | "
+            f"| {m.id} | {m.what} | {test} | {ratio(clean)} | {ratio(worst, tail)} | "
             f"{'yes' if caught else 'NO'} |",
             flush=True,
         )

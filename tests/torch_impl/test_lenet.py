@@ -86,11 +86,12 @@ def test_two_devices_train_like_one():
     batches = ref.batches(ref.load(), np.float64)
     losses1, (one,) = run_steps(1, batches)
     losses2, (a, b) = run_steps(2, batches)
+    numerics.check_same_math("torch lenet 2 devices vs 1: device 0's weights", a, one)
+    numerics.check_same_math("torch lenet 2 devices vs 1: device 1's weights", b, one)
+    numerics.check_same_math("torch lenet 2 devices vs 1: losses", losses2, losses1)
     for name in one:
         # Same summed gradient and update on every device: replicas are bitwise identical.
         np.testing.assert_array_equal(a[name], b[name])
-    numerics.check_same_math("torch lenet 2 devices vs 1: weights", a, one)
-    numerics.check_same_math("torch lenet 2 devices vs 1: losses", losses2, losses1)
 
 
 # --- cross-framework parity ------------------------------------------------------------------
