@@ -1,8 +1,9 @@
 """The command line shared by `python -m torch_impl`, `-m jax_impl` and `-m mxnet_impl`.
 
-Each framework's `__main__` calls `run(framework, argv, before_import)`: arguments are parsed and
-devices resolved here, then the workload module `<framework>_impl.<workload>` is imported and its
-`main(args, plan)` called. Bad input ends in one line on stderr and exit code 2.
+Each framework's `__main__` calls `run(framework, argv, before_import)`: arguments are parsed,
+devices resolved and the workload's config built here, then the workload module
+`<framework>_impl.<workload>` is imported and its `main(args, plan, cfg)` called. Bad input ends in
+one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
@@ -76,6 +77,11 @@ def overrides(args: argparse.Namespace) -> dict:
     }
 
 
+def config_of(args: argparse.Namespace):
+    """The workload's config at the chosen preset with the command line's overrides."""
+    return config.get_config(args.workload, args.preset, **overrides(args))
+
+
 def run(
     framework: str,
     argv: list[str] | None = None,
@@ -86,7 +92,7 @@ def run(
         plan = devices.plan(args.gpus, args.platform)
         if args.preset is None:
             args.preset = config.default_preset(plan.platform == "gpu")
-        config.get_config(args.workload, args.preset, **overrides(args))  # fail before importing
+        cfg = config_of(args)  # bad settings fail before a framework is imported
         if before_import is not None:
             before_import(plan)
         try:
@@ -102,7 +108,7 @@ def run(
         note = devices.notice(plan)
         if note:
             print(note, file=sys.stderr)
-        module.main(args, plan)
+        module.main(args, plan, cfg)
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -127,6 +133,14 @@ def make_record(framework, args, plan, cfg, device_names, framework_versions, **
         git_commit=results.git_commit(),
         **fields,
     )
+
+
+def save(rec: results.Record, path, plan: devices.DevicePlan) -> None:
+    """Append the record, then print the run's throughput and d2l's closing line."""
+    results.append(rec, path)
+    print(f"{rec.images_per_sec:.1f} images/sec ({rec.strategy})")
+    median = rec.sec_per_epoch["median"]
+    print(final_line(rec.test_acc, median, plan, rec.extrapolated), flush=True)
 
 
 def progress(iterable, total: int, desc: str, disable: bool = False):

@@ -217,6 +217,23 @@ def subset(images: np.ndarray, labels: np.ndarray, n: int | None, seed: int = 0)
     return images[idx], labels[idx]
 
 
+def load_subsets(train: int | None, test: int | None, seed: int = 0):
+    """(train images, train labels, test images, test labels): the preset's subsets."""
+    fm = load()
+    return (
+        *subset(fm.train_images, fm.train_labels, train, seed),
+        *subset(fm.test_images, fm.test_labels, test, seed),
+    )
+
+
+def shard_batch(idx: np.ndarray, n_devices: int) -> np.ndarray:
+    """A global batch of indices as `n_devices` equal rows, row i for device (or rank) i: the
+    data-parallel split. Every batch divides evenly (config.check_epoch_split), never dropped."""
+    if len(idx) % n_devices:
+        raise ValueError(f"a batch of {len(idx)} does not split over {n_devices} devices")
+    return np.asarray(idx).reshape(n_devices, -1)
+
+
 def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
     """The index order of one epoch: a permutation of range(n), the same for every framework."""
     return np.random.default_rng([seed, epoch]).permutation(n)

@@ -59,6 +59,14 @@ def visible_gpu_indices(count: int) -> list[int]:
     return list(range(count))
 
 
+def sampler_for(platform: str, gpus: int) -> Sampler:
+    """nvidia-smi samples of this process's first `gpus` visible GPUs on a GPU platform (0:
+    none, e.g. a rank that does not report), else this process's CPU time."""
+    if platform == "gpu":
+        return Sampler("nvml", visible_gpu_indices(gpus) if gpus else [])
+    return Sampler("cpu_time")
+
+
 class Sampler:
     """`source="nvml"`: sample `gpu_indices` in a thread; `"cpu_time"`: this process's CPU time.
 

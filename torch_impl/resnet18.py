@@ -1,13 +1,14 @@
 """ResNet-18 on Fashion-MNIST, concise data parallel in PyTorch (d2l 13.6).
 
-Strategies (`--strategy`):
-  ddp (default)  DistributedDataParallel, one process per device started by torchrun
-                 (`python -m torch.distributed.run`): NCCL on GPUs, gloo on CPU. Each rank takes
-                 its contiguous slice of every global batch, so a global batch is the one-device
-                 batch; gradients are all-reduced by DDP, test accuracy by all-reducing counts.
-                 BatchNorm statistics stay per rank (DDP's default; buffers come from rank 0).
-  dataparallel   nn.DataParallel, one process scattering each batch over the GPUs (CUDA only:
-                 without CUDA it would silently run the plain module, so it is refused).
+Strategies (`--strategy`), each in one function below:
+  ddp (default)  `ddp`: DistributedDataParallel, one process per device started by torchrun
+                 (torch_impl/launch.py): NCCL on GPUs, gloo on CPU. Each rank takes its row of
+                 every global batch (common.data.shard_batch), so a global batch is the one-device
+                 batch; DDP all-reduces the gradients during backward, the test accuracy is an
+                 all-reduce of counts. BatchNorm statistics stay per rank (DDP's default).
+  dataparallel   `data_parallel`: nn.DataParallel, one process scattering each batch over the
+                 GPUs (CUDA only: without CUDA it would silently run the plain module, so it is
+                 refused).
 
 Several machines: `main()` starts one machine's torchrun with `--standalone`. For N nodes run the
 worker entry of this module on every node with the same arguments as `python -m torch_impl`:
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import subprocess
 import sys
 from collections import OrderedDict
 
@@ -34,13 +34,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from common import cli, config, data, devices, results, timing, utilization, weights
+from common import cli, config, data, devices, timing, training, utilization, weights
 from torch_impl import devices as tdev
+from torch_impl import launch
 
+FRAMEWORK = "torch"
 STRATEGIES = ("ddp", "dataparallel")
 NUM_CLASSES = 10
 COLLECTIVE_TIMEOUT_S = 300  # a rank stuck in a collective fails after this, never hangs forever
-FAIL_RANK_ENV = "RESNET18_FAIL_RANK"  # tests only: this rank exits after its first step
 
 
 class Residual(nn.Module):
@@ -134,13 +135,13 @@ def loss_fn(logits, labels):
     return F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)), labels)
 
 
-def train_step(net, optimizer, x, y, scale=1.0, amp=False):
-    """One SGD step; `scale` weights this shard's mean loss by its share of the global batch."""
+def train_step(net, optimizer, x, y, amp=False):
+    """One SGD step on this process's batch; returns its mean loss (not synced)."""
     optimizer.zero_grad(set_to_none=True)
     with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=amp):
         logits = net(x)
     loss = loss_fn(logits, y)
-    (loss * scale).backward()
+    loss.backward()
     optimizer.step()
     return loss.detach()
 
@@ -157,41 +158,178 @@ def evaluate(net, images, labels, batch_size, amp=False):
     return int(correct), len(labels)
 
 
-def shard_batch(idx, rank, world):
-    """DistributedSampler-like: this rank's contiguous slice of the global batch `idx`, and its
-    share of the batch, so DDP's gradient average equals the one-device mean even when the last
-    batch does not divide evenly."""
-    part = np.array_split(idx, world)[rank]
-    return part, len(part) * world / len(idx)
+# --- the parallelism: one function per strategy ------------------------------------------------
 
 
-def ddp_launch(args, plan):
-    """Start torchrun with one worker per device; the workers run `ddp_worker` (below)."""
-    nproc = plan.count
-    argv = worker_argv(args)
-    env = dict(os.environ)
-    # torchrun sets OMP_NUM_THREADS=1 when unset (DESIGN.md section 9): share the cores instead.
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        "--monitor-interval=0.5",
-        "-m",
-        "torch_impl.resnet18",
-        *argv,
-    ]
-    rc = subprocess.run(cmd, env=env).returncode
-    if rc != 0:
-        raise SystemExit(
-            f"error: DDP training failed: a worker exited with an error (torchrun exit {rc}); "
-            "see the worker output above"
+def data_parallel(net, devs):
+    """nn.DataParallel: one process; each step scatters the batch over `devs`, replicates the
+    module, gathers the outputs on devs[0], and backward sums the gradients there (CUDA only)."""
+    return nn.DataParallel(net, device_ids=[d.index for d in devs])
+
+
+def ddp(net, device):
+    """DistributedDataParallel: this process is one rank of the process group (torchrun started
+    one per device). DDP broadcasts rank 0's weights, and during backward all-reduces (averages)
+    the gradients in buckets, so every rank takes the same step on its row of the batch."""
+    return nn.parallel.DistributedDataParallel(
+        net, device_ids=[device.index] if device.type == "cuda" else None
+    )
+
+
+def train(net, cfg, ds, devs, strategy, sampler=None, no_progress=False, amp=False):
+    """d2l's train loop on preloaded arrays. Under DDP each process runs this for its rank.
+    `amp`: torch's bf16 is an autocast context around each step (JAX's is the model's dtype)."""
+    rank, world = (dist.get_rank(), dist.get_world_size()) if strategy == "ddp" else (0, 1)
+    device = devs[0]
+    net = ddp(net, device) if strategy == "ddp" else data_parallel(net, devs)
+    x_train, y_train, x_test, y_test = _to_device(ds, device)
+    optimizer = make_optimizer(net, cfg.lr)
+    sampler = sampler or utilization.Sampler("cpu_time")
+    timer = timing.Timer(lambda: tdev.sync([device]), warmup=1)
+    first = data.batches(len(y_train), cfg.batch_size, cfg.seed, 0)
+    log = training.EpochLog(cfg.epochs, len(first), quiet=rank != 0)
+    # Warm-up apart from the epochs (cuDNN autotuning, allocator): one step of each batch shape
+    # the epochs will use, then the initial weights are restored, so every epoch is timed whole.
+    initial = {k: v.detach().clone() for k, v in net.state_dict().items()}
+    with timer.region():
+        for sel in _rows(data.warmup_batches(first[: cfg.steps_per_epoch]), rank, world, device):
+            train_step(net, optimizer, x_train[sel], y_train[sel], amp)
+    net.load_state_dict(initial)
+    for epoch in range(cfg.epochs):
+        steps = data.batches(len(y_train), cfg.batch_size, cfg.seed, epoch)
+        steps = steps[: cfg.steps_per_epoch]
+        total = torch.zeros((), device=device)
+        bar = cli.progress(range(len(steps)), len(steps), f"epoch {epoch + 1}", no_progress or rank)
+        with sampler.measure(), timer.region():
+            for sel in _rows(steps, rank, world, device):
+                total += train_step(net, optimizer, x_train[sel], y_train[sel], amp) * len(sel)
+                bar.update(1)
+        bar.close()
+        seen = sum(len(b) for b in steps)
+        if world > 1:
+            dist.all_reduce(total)
+        acc = _test_accuracy(net, x_test, y_test, max(256, cfg.batch_size), amp, rank, world)
+        log.add(float(total) / seen, acc, timer.times[-1], len(steps), seen)
+    return log, timer
+
+
+def _to_device(ds, device):
+    """(x_train, y_train, x_test, y_test) as tensors on `device`, once."""
+    x_train, y_train, x_test, y_test = ds
+    return (
+        torch.from_numpy(data.to_float(x_train)).to(device),
+        torch.from_numpy(y_train.astype(np.int64)).to(device),
+        torch.from_numpy(data.to_float(x_test)).to(device),
+        torch.from_numpy(y_test.astype(np.int64)).to(device),
+    )
+
+
+def _rows(steps, rank, world, device):
+    """This rank's row of every global batch in `steps`, from one host-to-device copy: a copy
+    per step (`.to` waits for the GPU to finish what is queued) would stop the CPU from
+    queueing the next step while the GPU runs this one."""
+    rows = [data.shard_batch(idx, world)[rank] for idx in steps]
+    flat = torch.from_numpy(np.concatenate(rows)).to(device)
+    ends = np.cumsum([len(r) for r in rows])
+    return [flat[end - len(r) : end] for r, end in zip(rows, ends, strict=True)]
+
+
+def _test_accuracy(net, x_test, y_test, batch_size, amp, rank, world):
+    """Each rank evaluates its slice of the test set; the counts are summed over the ranks."""
+    if world > 1:
+        part = data.shard_batch(np.arange(len(y_test)), world)[rank]
+        x_test, y_test = x_test[part[0] : part[-1] + 1], y_test[part[0] : part[-1] + 1]
+    # DDP: each rank runs its local module (no collectives); DataParallel scatters as usual.
+    module = net.module if isinstance(net, nn.parallel.DistributedDataParallel) else net
+    counts = torch.tensor(  # on the device: NCCL reduces CUDA tensors only
+        evaluate(module, x_test, y_test, batch_size, amp), dtype=torch.float64, device=x_test.device
+    )
+    if world > 1:
+        dist.all_reduce(counts)
+    return float(counts[0] / counts[1])
+
+
+def main(args, plan, cfg):
+    """Check everything, then start the DDP workers (torchrun) or run DataParallel here."""
+    strategy = training.choose_strategy("resnet18", FRAMEWORK, args.strategy, STRATEGIES)
+    _check(cfg, plan, strategy)
+    if strategy == "dataparallel":
+        _run(args, plan, cfg, strategy, tdev.get_devices(plan))
+        return
+    argv = _worker_argv(args)
+    launch.torchrun("torch_impl.resnet18", argv, plan.count, "DDP training")
+
+
+def _check(cfg, plan, strategy):
+    if cfg.image_size != 28:
+        raise config.ConfigError("resnet18 trains on Fashion-MNIST at its native 28x28")
+    # d2l 13.6: N devices train with N times the batch and the lr (for_devices); every batch,
+    # the epoch's last included, splits evenly: no sample is dropped.
+    cfg = config.for_devices(cfg, plan.count)
+    config.check_epoch_split(data.train_size(cfg.train_subset), cfg.batch_size, plan.count)
+    if strategy == "dataparallel" and plan.platform != "gpu":
+        raise config.ConfigError(
+            "strategy dataparallel needs CUDA GPUs (nn.DataParallel without CUDA silently "
+            "runs one module); use --strategy ddp"
         )
 
 
-def worker_argv(args):
+def _run(args, plan, cfg, strategy, devs):
+    """Train and (rank 0) record one run: the DataParallel process, or one DDP rank."""
+    # d2l 13.6: 2 devices train with batch 512 and lr 0.2 (the one-device values times 2).
+    cfg = config.for_devices(cfg, plan.count)
+    ds = data.load_subsets(cfg.train_subset, cfg.test_subset, cfg.seed)
+    net = init_weights(resnet18(), cfg.init_std, cfg.seed).to(devs[0])
+    if devs[0].type == "cuda":
+        # Fixed shapes: cuDNN times its algorithms once, in the warm-up; channels-last (NHWC)
+        # is the layout tensor cores want, and spares a transpose around every convolution.
+        torch.backends.cudnn.benchmark = True
+        net = net.to(memory_format=torch.channels_last)
+    local = len(devs) if strategy == "dataparallel" else int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    rank = dist.get_rank() if strategy == "ddp" else 0
+    with utilization.sampler_for(plan.platform, local if rank == 0 else 0) as sampler:
+        log, timer = train(
+            net, cfg, ds, devs, strategy, sampler, args.no_progress, args.amp == "bf16"
+        )
+    usage = _gather_usage(sampler.result(), devs, plan.platform == "gpu", strategy)
+    if rank != 0:
+        return
+    world = dist.get_world_size() if strategy == "ddp" else 1
+    names = (
+        tdev.device_names(devs)
+        if strategy == "dataparallel"
+        else [f"rank{r}:{devs[0].type}" for r in range(world)]
+    )
+    extra = {**usage, "omp_num_threads": torch.get_num_threads(), "world_size": world}
+    if os.environ.get("OMP_NUM_THREADS"):
+        extra["omp_num_threads_env"] = os.environ["OMP_NUM_THREADS"]
+    rec = cli.make_record(
+        FRAMEWORK, args, plan, cfg, names, tdev.versions(), strategy=strategy,
+        **log.record_fields(timer.warmup_seconds), extra={**extra, "amp": args.amp},
+    )  # fmt: skip
+    cli.save(rec, args.results, plan)
+
+
+def _gather_usage(usage, devs, gpu, strategy):
+    """Utilisation and allocator peaks of every rank, on rank 0 (the others get theirs back)."""
+    peaks = [torch.cuda.max_memory_allocated(d) for d in devs] if gpu else []
+    parts = [(usage, peaks)]
+    if strategy == "ddp" and dist.get_world_size() > 1:
+        parts = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, (usage, peaks))
+    merged = utilization.merge([u for u, _ in parts])
+    if gpu:
+        allocated = [p for _, ps in parts for p in ps]
+        merged = utilization.with_allocator_peaks(
+            merged, allocated, "torch.cuda.max_memory_allocated"
+        )
+    return merged
+
+
+# --- torch only: the DDP worker, one process per device, started by torchrun ------------------
+
+
+def _worker_argv(args):
     """The command line that reproduces `args` for the worker entry."""
     argv = ["--workload", args.workload, "--gpus", str(args.gpus), "--platform", args.platform]
     argv += ["--preset", args.preset, "--strategy", "ddp", "--amp", args.amp]
@@ -208,7 +346,7 @@ def worker_argv(args):
 
 def ddp_worker(argv):
     """One rank: torchrun set RANK, WORLD_SIZE, LOCAL_RANK and the rendezvous in the environment."""
-    args = cli.parser("torch").parse_args(argv)
+    args = cli.parser(FRAMEWORK).parse_args(argv)
     local = devices.plan(int(os.environ["LOCAL_WORLD_SIZE"]), args.platform)
     plan = devices.DevicePlan(int(os.environ["WORLD_SIZE"]), local.platform, local.virtual)
     gpu = plan.platform == "gpu"
@@ -219,207 +357,9 @@ def ddp_worker(argv):
     )
     try:
         device = torch.device(f"cuda:{os.environ['LOCAL_RANK']}") if gpu else torch.device("cpu")
-        run(args, plan, "ddp", [device], dist.get_rank(), dist.get_world_size())
+        _run(args, plan, cli.config_of(args), "ddp", [device])
     finally:
         dist.destroy_process_group()
-
-
-def data_parallel(net, devs):
-    """nn.DataParallel: scatter each batch over `devs` in one process (CUDA only)."""
-    return nn.DataParallel(net, device_ids=[d.index for d in devs])
-
-
-def train(net, cfg, ds, device, rank=0, world=1, amp=False, sampler=None, no_progress=False):
-    """d2l's train loop on preloaded arrays; returns losses, accuracies and epoch times."""
-    x_train = torch.from_numpy(data.to_float(ds[0])).to(device)
-    y_train = torch.from_numpy(ds[1].astype(np.int64)).to(device)
-    x_test = torch.from_numpy(data.to_float(ds[2])).to(device)
-    y_test = torch.from_numpy(ds[3].astype(np.int64)).to(device)
-    optimizer = make_optimizer(net, cfg.lr)
-    sampler = sampler or utilization.Sampler("cpu_time")
-    timer = timing.Timer(lambda: tdev.sync([device]), warmup=1)
-    out = {"train_loss": [], "test_acc": [], "sec_per_epoch": [], "timed_steps": [], "images": 0}
-    first = data.batches(len(y_train), cfg.batch_size, cfg.seed, 0)
-    full_steps = len(first)
-    # Warm-up apart from the epochs (cuDNN autotuning, allocator): one step of each batch shape
-    # the epochs will use, then the initial weights are restored, so every epoch is timed whole.
-    warmup = data.warmup_batches(first[: cfg.steps_per_epoch])
-    initial = {k: v.detach().clone() for k, v in net.state_dict().items()}
-    with timer.region():
-        for sel, scale in device_batches(warmup, rank, world, device):
-            run_step(net, optimizer, x_train, y_train, sel, scale, amp)
-    net.load_state_dict(initial)
-    if os.environ.get(FAIL_RANK_ENV) == str(rank):
-        os._exit(1)  # tests: a worker dies mid-run; torchrun must end the others
-    for epoch in range(cfg.epochs):
-        steps = data.batches(len(y_train), cfg.batch_size, cfg.seed, epoch)
-        steps = steps[: cfg.steps_per_epoch]
-        total = torch.zeros((), device=device)
-        bar = cli.progress(range(len(steps)), len(steps), f"epoch {epoch + 1}", no_progress or rank)
-        with sampler.measure(), timer.region():
-            for sel, scale in device_batches(steps, rank, world, device):
-                total += run_step(net, optimizer, x_train, y_train, sel, scale, amp)
-                bar.update(1)
-        bar.close()
-        seen = sum(len(b) for b in steps)
-        if world > 1:
-            dist.all_reduce(total)
-        out["train_loss"].append(float(total) / seen)
-        out["sec_per_epoch"].append(timer.times[-1] * full_steps / len(steps))
-        out["timed_steps"].append(len(steps))
-        out["images"] += seen
-        test_x, test_y = x_test, y_test
-        if world > 1:  # each rank evaluates its slice; counts are summed
-            part = np.array_split(np.arange(len(y_test)), world)[rank]
-            test_x, test_y = x_test[part[0] : part[-1] + 1], y_test[part[0] : part[-1] + 1]
-        # DDP: each rank runs its local module (no collectives); DataParallel scatters as usual.
-        module = net.module if isinstance(net, nn.parallel.DistributedDataParallel) else net
-        counts = torch.tensor(  # on the device: NCCL reduces CUDA tensors only
-            evaluate(module, test_x, test_y, max(256, cfg.batch_size), amp),
-            dtype=torch.float64,
-            device=device,
-        )
-        if world > 1:
-            dist.all_reduce(counts)
-        out["test_acc"].append(float(counts[0] / counts[1]))
-        if rank == 0:
-            print(
-                f"epoch {epoch + 1}/{cfg.epochs}: train loss {out['train_loss'][-1]:.4f}, "
-                f"test acc {out['test_acc'][-1]:.4f}, {out['sec_per_epoch'][-1]:.2f} s/epoch",
-                flush=True,
-            )
-    out["full_steps"] = full_steps
-    out["warmup_seconds"] = timer.warmup_seconds
-    out["timed_seconds"] = sum(timer.times)
-    return out
-
-
-def device_batches(steps, rank, world, device):
-    """(indices on `device`, scale) of this rank's slice of every global batch in `steps`, from
-    one host-to-device copy: a copy per step (`.to` waits for the GPU to finish what is queued)
-    would stop the CPU from queueing the next step while the GPU runs this one."""
-    parts = [shard_batch(idx, rank, world) for idx in steps]
-    flat = torch.from_numpy(np.concatenate([part for part, _ in parts])).to(device)
-    ends = np.cumsum([len(part) for part, _ in parts])
-    return [(flat[end - len(p) : end], scale) for (p, scale), end in zip(parts, ends, strict=True)]
-
-
-def run_step(net, optimizer, x_train, y_train, sel, scale, amp):
-    """One global batch: this rank's slice `sel`, weighted by `scale` (its share of the global
-    batch); returns the loss summed over the slice."""
-    loss = train_step(net, optimizer, x_train[sel], y_train[sel], scale, amp)
-    return loss * len(sel)
-
-
-def run(args, plan, strategy, devs, rank, world):
-    """Build, train and (rank 0) record one run; shared by the DDP worker and DataParallel."""
-    cfg = config.for_devices(
-        config.get_config(args.workload, args.preset, **cli.overrides(args)), plan.count
-    )
-    ds = data.load()
-    x_tr, y_tr = data.subset(ds.train_images, ds.train_labels, cfg.train_subset, cfg.seed)
-    x_te, y_te = data.subset(ds.test_images, ds.test_labels, cfg.test_subset, cfg.seed)
-    net = init_weights(resnet18(), cfg.init_std, cfg.seed).to(devs[0])
-    if devs[0].type == "cuda":
-        # Fixed shapes: cuDNN times its algorithms once, in the warm-up; channels-last (NHWC)
-        # is the layout tensor cores want, and spares a transpose around every convolution.
-        torch.backends.cudnn.benchmark = True
-        net = net.to(memory_format=torch.channels_last)
-    if strategy == "ddp":
-        net = nn.parallel.DistributedDataParallel(
-            net, device_ids=[devs[0].index] if devs[0].type == "cuda" else None
-        )
-    else:
-        net = data_parallel(net, devs)
-    gpu = plan.platform == "gpu"
-    source = "nvml" if gpu else "cpu_time"
-    indices = utilization.visible_gpu_indices(
-        len(devs) if strategy == "dataparallel" else int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    )
-    with utilization.Sampler(source, indices if rank == 0 else []) as sampler:
-        out = train(
-            net,
-            cfg,
-            (x_tr, y_tr, x_te, y_te),
-            devs[0],
-            rank,
-            world,
-            args.amp == "bf16",
-            sampler,
-            args.no_progress,
-        )
-    usage = [sampler.result()]
-    peaks = [torch.cuda.max_memory_allocated(d) for d in devs] if gpu else []
-    if world > 1:
-        gathered = [None] * world
-        dist.all_gather_object(gathered, (usage[0], peaks))
-        usage, peaks = [u for u, _ in gathered], [p for _, ps in gathered for p in ps]
-    if rank != 0:
-        return
-    stats = timing.summarize(out["sec_per_epoch"])
-    extrapolated = any(n != out["full_steps"] for n in out["timed_steps"])
-    usage = utilization.merge(usage)
-    if gpu:
-        usage = utilization.with_allocator_peaks(usage, peaks, "torch.cuda.max_memory_allocated")
-    extra = {
-        **usage,
-        "omp_num_threads": torch.get_num_threads(),
-        "world_size": world,
-    }
-    if os.environ.get("OMP_NUM_THREADS"):
-        extra["omp_num_threads_env"] = os.environ["OMP_NUM_THREADS"]
-    names = (
-        tdev.device_names(devs)
-        if strategy == "dataparallel"
-        else [f"rank{r}:{devs[0].type}" for r in range(world)]
-    )
-    rec = cli.make_record(
-        "torch",
-        args,
-        plan,
-        cfg,
-        names,
-        tdev.versions(),
-        strategy=strategy,
-        epochs=cfg.epochs,
-        sec_per_epoch=stats.to_dict(),
-        warmup_seconds=out["warmup_seconds"],
-        images_per_sec=out["images"] / out["timed_seconds"],
-        test_acc=out["test_acc"][-1],
-        test_acc_per_epoch=out["test_acc"],
-        train_loss=out["train_loss"],
-        extrapolated=extrapolated,
-        steps_timed=out["timed_steps"][-1] if extrapolated else None,
-        extra={**extra, "amp": args.amp},
-    )
-    results.append(rec, args.results)
-    print(f"{out['images'] / out['timed_seconds']:.1f} images/sec ({strategy})")
-    print(cli.final_line(rec.test_acc, stats.median, plan, extrapolated), flush=True)
-
-
-def main(args, plan):
-    strategy = args.strategy or "ddp"
-    if strategy not in STRATEGIES:
-        raise config.ConfigError(
-            f"unknown resnet18 strategy {strategy!r} for torch; "
-            f"choose one of {', '.join(STRATEGIES)}"
-        )
-    cfg = config.for_devices(
-        config.get_config(args.workload, args.preset, **cli.overrides(args)), plan.count
-    )
-    if cfg.image_size != 28:
-        raise config.ConfigError("resnet18 trains on Fashion-MNIST at its native 28x28")
-    # Every batch, the epoch's last included, splits evenly: no sample is dropped.
-    config.check_epoch_split(data.train_size(cfg.train_subset), cfg.batch_size, plan.count)
-    if strategy == "dataparallel":
-        if plan.platform != "gpu":
-            raise config.ConfigError(
-                "strategy dataparallel needs CUDA GPUs (nn.DataParallel without CUDA silently "
-                "runs one module); use --strategy ddp"
-            )
-        run(args, plan, strategy, tdev.get_devices(plan), 0, 1)
-        return
-    ddp_launch(args, plan)
 
 
 if __name__ == "__main__":  # the DDP worker entry, started by torchrun (see the docstring)

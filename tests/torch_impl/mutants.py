@@ -33,13 +33,13 @@ MUTANTS = [
         "bf16 autocast on by default in the training step",
     ),
     Mutant(
-        "torch-r18-ddp-scale",
+        "torch-r18-ddp-unwrapped",
         "torch",
         "tests/torch_impl/test_resnet18.py::test_ddp_two_gloo_ranks_equal_one_device",
         "torch_impl/resnet18.py",
-        "    return part, len(part) * world / len(idx)",
-        "    return part, 1.0",
-        "uneven last batch: each rank's mean loss not weighted by its share of the global batch",
+        "    return nn.parallel.DistributedDataParallel(\n",
+        "    return net\n    return nn.parallel.DistributedDataParallel(\n",
+        "the model never wrapped in DDP: each rank trains alone on its half of the batch",
     ),
     Mutant(
         "torch-lenet-allreduce-term",
@@ -92,9 +92,10 @@ MUTANTS = [
         "torch",
         "tests/torch_impl/test_resnet18.py::test_two_nodes_on_localhost_match_one_node",
         "torch_impl/resnet18.py",
-        '        run(args, plan, "ddp", [device], dist.get_rank(), dist.get_world_size())',
-        '        run(args, plan, "ddp", [device], int(os.environ["LOCAL_RANK"]), '
-        "dist.get_world_size())",
+        "    rank, world = (dist.get_rank(), dist.get_world_size()) "
+        'if strategy == "ddp" else (0, 1)',
+        '    rank = int(os.environ.get("LOCAL_RANK", 0))\n'
+        '    world = dist.get_world_size() if strategy == "ddp" else 1',
         "the batch sliced by LOCAL_RANK: on two nodes both ranks train on the same half",
     ),
     Mutant(

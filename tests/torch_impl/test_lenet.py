@@ -152,7 +152,7 @@ def test_smoke_run_writes_one_valid_record(tmp_path, capsys, n):
     assert re.fullmatch(
         rf"test acc: \d\.\d\d, \d+\.\d sec/epoch on \[{n} x cpu \(virtual\)\]", out[-1]
     )
-    assert out[0].startswith("epoch 1/1: loss ")
+    assert out[0].startswith("epoch 1/1: train loss ")
 
 
 @pytest.mark.parametrize(
@@ -180,5 +180,5 @@ def test_unknown_preset_is_refused_without_a_record(tmp_path, capsys):
     args = cli.parser("torch").parse_args(argv(tmp_path))
     args.preset = "huge"  # ... and so does main, called directly
     with pytest.raises(config.ConfigError, match="unknown preset 'huge'"):
-        lenet.main(args, devices.DevicePlan(1, "cpu", virtual=True))
+        lenet.main(args, devices.DevicePlan(1, "cpu", virtual=True), cli.config_of(args))
     assert not (tmp_path / "r.jsonl").exists()

@@ -1,9 +1,11 @@
 """resnet18 in torch: model, weights, parity fixture, DDP == one device, launcher, smoke runs."""
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -16,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from common import config, devices, weights
+from common import cli, config, data, devices, weights
 from tests.fixtures import gpu_checks, numerics
 from torch_impl import resnet18 as r18
 
@@ -83,9 +85,9 @@ def _bn_free_net():
 
 def _batches():
     rng = np.random.default_rng(1)
-    x = rng.random((13, 1, 8, 8))
-    y = rng.integers(0, 10, 13)
-    return x, y, [np.arange(8), np.arange(8, 13)]  # the second is an uneven last batch (5)
+    x = rng.random((12, 1, 8, 8))
+    y = rng.integers(0, 10, 12)
+    return x, y, [np.arange(8), np.arange(8, 12)]  # a short last batch, split 2 + 2
 
 
 def _ddp_rank(rank, world, init_file, out):
@@ -94,20 +96,20 @@ def _ddp_rank(rank, world, init_file, out):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     torch.set_num_threads(1)
     x, y, steps = _batches()
-    net = torch.nn.parallel.DistributedDataParallel(_bn_free_net())
+    net = r18.ddp(_bn_free_net(), torch.device("cpu"))
     opt = r18.make_optimizer(net, 0.1)
     for idx in steps:
-        part, scale = r18.shard_batch(idx, rank, world)
-        r18.train_step(net, opt, torch.from_numpy(x[part]), torch.from_numpy(y[part]), scale)
+        part = data.shard_batch(idx, world)[rank]
+        r18.train_step(net, opt, torch.from_numpy(x[part]), torch.from_numpy(y[part]))
     if rank == 0:
-        np.savez(out, **r18.get_weights(net.module))
+        np.savez(out, **r18.get_weights(getattr(net, "module", net)))
     dist.destroy_process_group()
 
 
 @pytest.mark.multi_device
 def test_ddp_two_gloo_ranks_equal_one_device(tmp_path):
     """BatchNorm-free variant: BN statistics are per rank under DDP, so only without BN is the
-    N-rank step exactly the one-device step. Includes an uneven last batch (3 + 2)."""
+    N-rank step exactly the one-device step. Two steps: 4 + 4, then 2 + 2."""
     out = tmp_path / "ddp.npz"
     torch.multiprocessing.spawn(
         _ddp_rank, args=(2, str(tmp_path / "rdzv"), str(out)), nprocs=2, join=True
@@ -124,18 +126,11 @@ def test_ddp_two_gloo_ranks_equal_one_device(tmp_path):
     numerics.check_same_math("torch resnet18 ddp 2 ranks vs 1 device", ddp, single)
 
 
-def test_shard_batch_weights_uneven_parts():
-    parts = [r18.shard_batch(np.arange(5), r, 2) for r in range(2)]
-    assert [p.tolist() for p, _ in parts] == [[0, 1, 2], [3, 4]]
-    assert [s for _, s in parts] == [pytest.approx(1.2), pytest.approx(0.8)]
-
-
-def test_device_batches_are_the_ranks_slices_from_one_copy():
-    steps = [np.array([7, 1, 4, 0]), np.array([2, 9, 5])]
-    got = r18.device_batches(steps, 1, 2, torch.device("cpu"))
-    assert [sel.tolist() for sel, _ in got] == [[4, 0], [5]]
-    assert [scale for _, scale in got] == [pytest.approx(1.0), pytest.approx(2 / 3)]
-    assert got[0][0].untyped_storage().data_ptr() == got[1][0].untyped_storage().data_ptr()
+def test_a_ranks_rows_come_from_one_host_to_device_copy():
+    steps = [np.array([7, 1, 4, 0]), np.array([2, 9])]
+    got = r18._rows(steps, 1, 2, torch.device("cpu"))
+    assert [sel.tolist() for sel in got] == [[4, 0], [9]]
+    assert got[0].untyped_storage().data_ptr() == got[1].untyped_storage().data_ptr()
 
 
 def _args(**kw):
@@ -158,10 +153,12 @@ def _args(**kw):
 
 
 def test_dataparallel_is_refused_without_cuda():
+    plan = devices.DevicePlan(2, "cpu", True)
     with pytest.raises(config.ConfigError, match="needs CUDA"):
-        r18.main(_args(strategy="dataparallel"), devices.DevicePlan(2, "cpu", True))
+        args = _args(strategy="dataparallel")
+        r18.main(args, plan, cli.config_of(args))
     with pytest.raises(config.ConfigError, match="unknown resnet18 strategy"):
-        r18.main(_args(strategy="pmap"), devices.DevicePlan(2, "cpu", True))
+        r18.main(_args(strategy="pmap"), plan, cli.config_of(_args()))
 
 
 def test_bf16_autocast_step_runs_and_learns():
@@ -210,17 +207,36 @@ def test_smoke_ddp_end_to_end(smoke_ddp):
 @pytest.mark.slow
 @pytest.mark.multi_device
 def test_a_dying_worker_fails_the_run_without_hanging(tmp_path):
+    """Rank 1 is killed (SIGKILL, as the OOM killer would) as soon as it exists."""
     path = tmp_path / "r.jsonl"
     start = time.monotonic()
-    out = _cli(
-        ["--gpus", "2", "--preset", "smoke", "--platform", "cpu", "--results", str(path)],
-        env={r18.FAIL_RANK_ENV: "1"},
-        timeout=180,
-    )
+    argv = ["--gpus", "2", "--preset", "smoke", "--platform", "cpu", "--results", str(path)]
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        killed = pool.submit(_kill_rank, 1, str(path), 120)
+        out = _cli(argv, timeout=180)
+    assert killed.result(), "rank 1 was never seen"
     assert out.returncode != 0
     assert "error: DDP training failed" in out.stderr
     assert not path.exists()  # no record from a failed run
     assert time.monotonic() - start < 120
+
+
+def _kill_rank(rank, marker, timeout):
+    """SIGKILL the DDP worker of `rank` whose command line holds `marker`; False if none came."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for proc in Path("/proc").glob("[0-9]*"):
+            try:
+                cmd = (proc / "cmdline").read_bytes().split(b"\0")
+                env = (proc / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue  # gone, or not ours to read
+            worker = b"torch_impl.resnet18" in cmd and marker.encode() in cmd
+            if worker and f"RANK={rank}".encode() in env:
+                os.kill(int(proc.name), signal.SIGKILL)
+                return True
+        time.sleep(0.05)
+    return False
 
 
 def _free_port():
@@ -278,21 +294,22 @@ def test_warm_up_steps_leave_the_initial_weights():
     def fresh():
         return r18.init_weights(r18.resnet18(width=4), 0.1, 0)
 
-    net = fresh()
-    out = r18.train(net, cfg, (images, labels, images, labels), torch.device("cpu"))
+    net, cpu = fresh(), torch.device("cpu")
+    # One CPU "device" under nn.DataParallel without CUDA: the plain module, as the test wants.
+    log, _ = r18.train(net, cfg, (images, labels, images, labels), [cpu], "dataparallel")
     ref = fresh()
     opt = r18.make_optimizer(ref, cfg.lr)
-    x = torch.from_numpy(r18.data.to_float(images))
+    x = torch.from_numpy(data.to_float(images))
     y = torch.from_numpy(labels.astype(np.int64))
-    steps = r18.data.batches(20, 8, cfg.seed, 0)
+    steps = data.batches(20, 8, cfg.seed, 0)
     total = sum(
-        float(r18.run_step(ref, opt, x, y, sel, scale, False))
-        for sel, scale in r18.device_batches(steps, 0, 1, torch.device("cpu"))
+        float(r18.train_step(ref, opt, x[sel], y[sel])) * len(sel)
+        for sel in r18._rows(steps, 0, 1, cpu)
     )
-    assert out["timed_steps"] == [3] and len(out["sec_per_epoch"]) == 1
+    assert log.timed_steps == [3] and len(log.sec_per_epoch) == 1
     # The same float32 steps from the same weights: the weights are bitwise those of `ref`; the
     # epoch loss sums 3 float32 step losses where `total` sums float64s (rule 3).
-    loss_error = abs(out["train_loss"][0] - total / 20) / (total / 20)
+    loss_error = abs(log.train_loss[0] - total / 20) / (total / 20)
     numerics.report(
         "torch resnet18 warm-up epoch loss", loss_error, numerics.reordered_sum_limit(3)
     )

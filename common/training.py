@@ -1,0 +1,71 @@
+"""What every epoch-based training loop (lenet, resnet18) does the same way in every framework:
+the strategy check, the epoch's bookkeeping and d2l's line per epoch, and the run's summary for
+its record. Framework-free, so the framework files keep only what differs between frameworks.
+"""
+
+from __future__ import annotations
+
+from common import config, timing
+
+
+def choose_strategy(workload: str, framework: str, requested: str | None, available) -> str:
+    """The strategy to run: `requested`, or the first of `available` (the default)."""
+    if requested is None:
+        return available[0]
+    if requested in available:
+        return requested
+    if len(available) == 1:
+        raise config.ConfigError(
+            f"{workload} has one strategy, {available[0]!r}; got {requested!r}"
+        )
+    raise config.ConfigError(
+        f"unknown {workload} strategy {requested!r} for {framework}; "
+        f"choose one of {', '.join(available)}"
+    )
+
+
+class EpochLog:
+    """Per-epoch loss, accuracy and time; prints d2l's line for each epoch (unless `quiet`: the
+    other ranks of a multi-process run). `full_steps` is an epoch's length: an epoch that ran
+    fewer steps has its time extrapolated to it (the `cpu` preset's bounded epochs)."""
+
+    def __init__(self, epochs: int, full_steps: int, quiet: bool = False):
+        self.epochs, self.full_steps, self.quiet = epochs, full_steps, quiet
+        self.train_loss: list[float] = []
+        self.test_acc: list[float] = []
+        self.sec_per_epoch: list[float] = []
+        self.timed_steps: list[int] = []
+        self.images = 0
+        self.timed_seconds = 0.0
+
+    def add(self, train_loss: float, test_acc: float, seconds: float, steps: int, images: int):
+        self.train_loss.append(train_loss)
+        self.test_acc.append(test_acc)
+        self.sec_per_epoch.append(seconds * self.full_steps / steps)
+        self.timed_steps.append(steps)
+        self.images += images
+        self.timed_seconds += seconds
+        if not self.quiet:
+            print(
+                f"epoch {len(self.train_loss)}/{self.epochs}: train loss {train_loss:.4f}, "
+                f"test acc {test_acc:.4f}, {self.sec_per_epoch[-1]:.2f} s/epoch",
+                flush=True,
+            )
+
+    @property
+    def extrapolated(self) -> bool:
+        return any(n != self.full_steps for n in self.timed_steps)
+
+    def record_fields(self, warmup_seconds: float) -> dict:
+        """The results.Record fields this log fills."""
+        return {
+            "epochs": len(self.train_loss),
+            "sec_per_epoch": timing.summarize(self.sec_per_epoch).to_dict(),
+            "warmup_seconds": warmup_seconds,
+            "images_per_sec": self.images / self.timed_seconds,
+            "test_acc": self.test_acc[-1],
+            "test_acc_per_epoch": self.test_acc,
+            "train_loss": self.train_loss,
+            "extrapolated": self.extrapolated,
+            "steps_timed": self.timed_steps[-1] if self.extrapolated else None,
+        }
