@@ -2,12 +2,13 @@
 strategies a command asks for: framework-free, shared by torch_impl, jax_impl and mxnet_impl.
 """
 
-from common import config
+from common import config, results, timing
 
 # ResNet-50 cut into a sequence of blocks: the stem, the 16 bottlenecks, the head.
 LAYERS = (("layer1", 64, 3, 1), ("layer2", 128, 4, 2), ("layer3", 256, 6, 2), ("layer4", 512, 3, 2))
 BLOCKS = ("stem", *(f"{name}.{i}" for name, _, n, _ in LAYERS for i in range(n)), "head")
 DEFAULT = ("single", "model_parallel", "pipeline")
+PIPELINED = ("pipeline", "gpipe", "1f1b")  # the strategies that cut the batch into micro-batches
 
 
 def block_flops(image_size=224, num_classes=1000):
@@ -81,3 +82,52 @@ def choose_strategies(args, n_devices, available, framework):
         if s != "single" and n_devices < 2:
             raise config.ConfigError(f"strategy {s!r} needs at least 2 devices (GPUS>=2)")
     return strategies
+
+
+def runs(args, cfg, strategies) -> list[tuple[str, int | None, bool]]:
+    """(strategy, split_size, sweep) of each run the command asks for: with --sweep the pipeline
+    at every split size of the preset (the tutorial's last experiment), else each strategy
+    once, the pipelined ones at cfg.split_size. All are checked before anything runs."""
+    if not args.sweep:
+        return [(s, cfg.split_size if s in PIPELINED else None, False) for s in strategies]
+    for split_size in cfg.split_sizes:
+        config.check_split_size(split_size, cfg.batch_size)
+    return [("pipeline", split_size, True) for split_size in cfg.split_sizes]
+
+
+def describe(blocks_per_stage) -> str:
+    """`stem..layer2.3 | layer3.0..head`: which blocks each stage holds, in order."""
+    return " | ".join(f"{b[0]}..{b[-1]}" if len(b) > 1 else b[0] for b in blocks_per_stage)
+
+
+def record_fields(cfg, timer: timing.Timer, losses, split_size, extra: dict, sweep: bool):
+    """The results.Record fields of one resnet50 run: seconds per repeat of num_batches steps."""
+    stats = timer.stats()
+    extra = {**extra, "num_batches": cfg.num_batches, "image_size": cfg.image_size}
+    return {
+        "seconds": stats.to_dict(),
+        "warmup_seconds": timer.warmup_seconds,
+        "images_per_sec": cfg.num_batches * cfg.batch_size / stats.median,
+        "train_loss": list(losses),
+        "split_size": split_size,
+        "extra": extra | ({"sweep": True} if sweep else {}),
+    }
+
+
+def save(rec: results.Record, path, cfg, plan) -> None:
+    """Append the record and print one line: the time, throughput, loss, stages and devices."""
+    results.append(rec, path)
+    split = f" (split {rec.split_size})" if rec.split_size else ""
+    where = plan.describe() if rec.devices > 1 else f"1 x {plan.platform}"
+    blocks = rec.extra.get("stage_blocks")
+    stage_text = f", stages {describe(blocks)}" if blocks else ""
+    print(
+        f"resnet50 {rec.strategy}{split}: {_stats(rec)} per "
+        f"{cfg.num_batches} batch(es) of {cfg.batch_size}, {rec.images_per_sec:.1f} images/s, "
+        f"loss {rec.train_loss[-1]:.4f}{stage_text} on [{where}]",
+        flush=True,
+    )
+
+
+def _stats(rec) -> timing.Stats:
+    return timing.Stats(**rec.seconds)

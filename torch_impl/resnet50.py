@@ -1,5 +1,5 @@
 """ResNet-50 split over devices: model parallel and pipelined, after the PyTorch tutorial
-"Single-machine model parallel best practices", timed correctly (DESIGN.md sections 1, 6).
+"Single-machine model parallel best practices", timed correctly (docs/design.md).
 
 Read in order: the toy model (the whole idea in ten lines), the network and how it is cut into
 stages, the model-parallel and pipelined models, the training loop, the split-size sweep, main.
@@ -10,7 +10,6 @@ per stage started through torchrun (gloo on CPU, NCCL on GPU).
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -20,10 +19,12 @@ import torch.distributed as dist
 from torch import nn, optim
 from torchvision.models.resnet import Bottleneck, ResNet
 
-from common import cli, config, results, timing
-from common.stages import choose_strategies, stage_blocks
+from common import cli, config, stages, timing
+from common.stages import stage_blocks
 from torch_impl import devices as tdev
+from torch_impl import launch
 
+FRAMEWORK = "torch"
 STRATEGIES = ("single", "model_parallel", "pipeline", "gpipe", "1f1b")
 
 
@@ -79,7 +80,9 @@ def set_weights(model, params):
 
 def split_into_stages(model, devices):
     """One nn.Sequential per device, made of `model`'s own layers (shared, not copied), moved
-    to its device."""
+    to its device. On two devices this is the tutorial's split: stage 1 = stem (conv1, bn1,
+    relu, maxpool) + layer1 + layer2, stage 2 = layer3 + layer4 + avgpool + fc; on more, the
+    blocks are cut into contiguous stages of balanced FLOPs (common.stages.stage_blocks)."""
     parts = {
         "stem": [model.conv1, model.bn1, model.relu, model.maxpool],
         "head": [model.avgpool, nn.Flatten(1), model.fc],
@@ -225,42 +228,23 @@ def run_strategy(args, plan, cfg, devs, strategy, split_size=None, sweep=False):
         extra = measure_stages(model, cfg) if strategy != "single" else {}
         if strategy == "single" and cuda:
             extra = {"peak_memory_bytes": [torch.cuda.max_memory_allocated(cuda[0])]}
-    stats = timer.stats()
     rec = cli.make_record(
-        "torch",
-        args,
-        dataclasses.replace(plan, count=len(used)),
-        cfg,
-        tdev.device_names(used),
-        tdev.versions(),
-        strategy=strategy,
-        seconds=stats.to_dict(),
-        warmup_seconds=timer.warmup_seconds,
-        images_per_sec=cfg.num_batches * cfg.batch_size / stats.median,
-        train_loss=losses,
-        split_size=split_size,
-        extra={**extra, "num_batches": cfg.num_batches, "image_size": cfg.image_size}
-        | ({"sweep": True} if sweep else {}),
-    )
-    results.append(rec, args.results)
-    split = f" (split {split_size})" if split_size else ""
-    print(
-        f"resnet50 {strategy}{split}: {stats} per {cfg.num_batches} batch(es) of "
-        f"{cfg.batch_size}, {rec.images_per_sec:.1f} images/s, loss {losses[-1]:.4f} "
-        f"on [{plan.describe() if len(used) > 1 else f'1 x {plan.platform}'}]",
-        flush=True,
-    )
+        FRAMEWORK, args, dataclasses.replace(plan, count=len(used)), cfg,
+        tdev.device_names(used), tdev.versions(), strategy=strategy,
+        **stages.record_fields(cfg, timer, losses, split_size, extra, sweep),
+    )  # fmt: skip
+    stages.save(rec, args.results, cfg, plan)
     return rec
 
 
-def sweep_split_sizes(args, plan, cfg, devs):
-    """The tutorial's last experiment: the pipelined model at every split size of the preset."""
-    for split_size in cfg.split_sizes:
-        config.check_split_size(split_size, cfg.batch_size)  # all checked before any result
-    return [
-        run_strategy(args, plan, cfg, devs, "pipeline", split_size, sweep=True)
-        for split_size in cfg.split_sizes
-    ]
+def main(args, plan, cfg):
+    strategies = stages.choose_strategies(args, plan.count, STRATEGIES, FRAMEWORK)
+    for s in strategies:  # the engine's own limits, before anything runs
+        if s in ("gpipe", "1f1b"):
+            check_pipelining(s, plan.count, cfg.split_size, cfg.batch_size)
+    devs = tdev.get_devices(plan)
+    for strategy, split_size, sweep in stages.runs(args, cfg, strategies):
+        run_strategy(args, plan, cfg, devs, strategy, split_size, sweep)
 
 
 # --- torch only: the same stages on torch.distributed.pipelining, one process per stage --------
@@ -287,44 +271,43 @@ def launch_pipelining(cfg, plan, strategy, split_size, train_bn=True):
         "gpu": plan.platform == "gpu",
         "train_bn": train_bn,
     }
-    env = dict(os.environ)
-    # torchrun would set 1 thread per worker (DESIGN.md section 9): share the cores instead.
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // plan.count)))
-    root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     with tempfile.TemporaryDirectory() as tmp:
         spec["out"] = str(Path(tmp) / "result.json")
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={plan.count}",
-            "-m",
-            "torch_impl.resnet50",
-            "--pipelining-worker",
-            json.dumps(spec),
-        ]
-        proc = subprocess.run(cmd, env=env, cwd=root)
-        if proc.returncode != 0 or not Path(spec["out"]).is_file():
-            raise RuntimeError(f"torchrun for {strategy} failed with exit code {proc.returncode}")
+        argv = ["--pipelining-worker", json.dumps(spec)]
+        launch.torchrun("torch_impl.resnet50", argv, plan.count, strategy)
         return json.loads(Path(spec["out"]).read_text())
 
 
 def pipelining_worker(spec):
-    """One torchrun process: build the seeded model, keep this rank's stage, run the schedule."""
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-
+    """One torchrun process: build the seeded model, keep this rank's stage, run the schedule,
+    and (last rank) write what it measured to spec["out"]."""
     cfg = config.Resnet50Config(**{**spec["cfg"], "split_sizes": tuple(spec["cfg"]["split_sizes"])})
     dist.init_process_group("nccl" if spec["gpu"] else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cpu")
     if spec["gpu"]:
         device = torch.device(f"cuda:{int(os.environ['LOCAL_RANK'])}")
         torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
+    stage_module, schedule = _stage_and_schedule(spec, cfg, rank, world, device)
+    timer, losses = _run_schedule(schedule, stage_module, cfg, rank, world, device)
+    stage_params = [None] * world
+    dist.all_gather_object(stage_params, sum(p.numel() for p in stage_module.parameters()))
+    if rank == world - 1:
+        extra = {"num_stages": world, "stage_params": stage_params}
+        extra |= {"n_microbatches": cfg.batch_size // spec["split_size"]}
+        extra |= {"engine": "torch.distributed.pipelining", "backend": dist.get_backend()}
+        out = {"times": timer.times, "warmup_times": timer.warmup_times, "extra": extra}
+        out["losses"] = [loss.item() for loss in losses]
+        Path(spec["out"]).write_text(json.dumps(out))
+    dist.destroy_process_group()
+
+
+def _stage_and_schedule(spec, cfg, rank, world, device):
+    """This rank's stage of the seeded model (every rank builds the same one) and its schedule."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
     torch.manual_seed(cfg.seed)
-    model = resnet50(cfg.num_classes)  # every rank builds the same model and keeps its stage
+    model = resnet50(cfg.num_classes)
     placement = [device if r == rank else torch.device("cpu") for r in range(world)]
     stage_module = split_into_stages(model, placement)[rank]
     stage_module.train(spec["train_bn"])
@@ -334,6 +317,12 @@ def pipelining_worker(spec):
     # micro-batches that is the whole batch's mean, as in `train`.
     n_micro = cfg.batch_size // spec["split_size"]
     schedule = schedule_cls(stage, n_microbatches=n_micro, loss_fn=nn.MSELoss())
+    return stage_module, schedule
+
+
+def _run_schedule(schedule, stage_module, cfg, rank, world, device):
+    """`train`'s loop with the schedule's step: rank 0 feeds the inputs, the last rank the
+    labels (and gets the micro-batches' losses)."""
     optimizer = optim.SGD(stage_module.parameters(), lr=cfg.lr)
     inputs, labels = make_data(cfg, [device])
 
@@ -341,8 +330,7 @@ def pipelining_worker(spec):
         tdev.sync([device])
         dist.barrier()
 
-    timer = timing.Timer(barrier, warmup=cfg.warmup)
-    losses = []
+    timer, losses = timing.Timer(barrier, warmup=cfg.warmup), []
     for _ in range(cfg.warmup + cfg.repeats):
         with timer.region():
             for b in range(cfg.num_batches):
@@ -356,46 +344,7 @@ def pipelining_worker(spec):
                 else:
                     schedule.step()
                 optimizer.step()
-    stage_params = [None] * world
-    dist.all_gather_object(stage_params, sum(p.numel() for p in stage_module.parameters()))
-    if rank == world - 1:
-        out = {
-            "times": timer.times,
-            "warmup_times": timer.warmup_times,
-            "losses": [loss.item() for loss in losses],
-            "extra": {
-                "num_stages": world,
-                "stage_params": stage_params,
-                "n_microbatches": n_micro,
-                "engine": "torch.distributed.pipelining",
-                "backend": dist.get_backend(),
-            },
-        }
-        Path(spec["out"]).write_text(json.dumps(out))
-    dist.destroy_process_group()
-
-
-def plan_strategies(args, plan, cfg):
-    """The strategies to run (common.stages), and the pipelining engine's own limits."""
-    strategies = choose_strategies(args, plan.count, STRATEGIES, "torch")
-    for s in strategies:
-        if s in ("gpipe", "1f1b"):
-            check_pipelining(s, plan.count, cfg.split_size, cfg.batch_size)
-    return strategies
-
-
-def main(args, plan):
-    cfg = config.for_devices(
-        config.get_config(args.workload, args.preset, **cli.overrides(args)), plan.count
-    )
-    strategies = plan_strategies(args, plan, cfg)
-    devs = tdev.get_devices(plan)
-    if args.sweep:
-        sweep_split_sizes(args, plan, cfg, devs)
-        return
-    for strategy in strategies:
-        split = cfg.split_size if strategy in ("pipeline", "gpipe", "1f1b") else None
-        run_strategy(args, plan, cfg, devs, strategy, split)
+    return timer, losses
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--pipelining-worker"]:

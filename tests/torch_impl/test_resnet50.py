@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from common import config, devices, weights
+from common import cli, config, devices, weights
 from tests.fixtures import make_resnet50_fixture as gen
 from tests.fixtures import numerics
 from torch_impl import resnet50 as r50
@@ -217,7 +217,7 @@ def read(path):
 def test_main_default_and_sweep_write_records(tmp_path):
     plan = devices.DevicePlan(2, "cpu", True)
     args = args_for(tmp_path, batch_size=3, split_size=2)
-    r50.main(args, plan)
+    r50.main(args, plan, cli.config_of(args))
     recs = read(args.results)
     assert [r["strategy"] for r in recs] == ["single", "model_parallel", "pipeline"]
     assert recs[0]["devices"] == 1 and recs[2]["split_size"] == 2
@@ -227,7 +227,8 @@ def test_main_default_and_sweep_write_records(tmp_path):
         assert sum(e["stage_params"]) == 25_557_032
         assert e["memory_source"] == "param_grad_bytes" and len(e["stage_peak_memory_bytes"]) == 2
     assert all(r["images_per_sec"] > 0 and r["seconds"]["n"] == 1 for r in recs)
-    r50.main(args_for(tmp_path, sweep=True), plan)  # split sizes 1, 2, 4 of batch 4
+    sweep = args_for(tmp_path, sweep=True)
+    r50.main(sweep, plan, cli.config_of(sweep))  # split sizes 1, 2, 4 of batch 4
     sweep = read(args.results)[3:]
     assert [(r["strategy"], r["split_size"], r["extra"]["sweep"]) for r in sweep] == [
         ("pipeline", s, True) for s in (1, 2, 4)
@@ -248,7 +249,7 @@ def test_main_refuses_bad_requests_before_writing(tmp_path):
         if "between" in message:
             args.batch_size = 3
         with pytest.raises(config.ConfigError, match=message):
-            r50.main(args, plan)
+            r50.main(args, plan, cli.config_of(args))
     assert not Path(args.results).exists()
 
 
