@@ -37,7 +37,7 @@ endif
 
 .PHONY: setup test numerics mutants bench report compare lint format info clean
 
-# --- environments: base (common, compare, lint) + one per framework (DESIGN.md section 4) ------
+# --- environments: base (common, compare, lint) + one per framework (docs/design.md, "Environments") ------
 # A stamp per environment, newer than pyproject.toml: re-running setup is a no-op.
 $(VENV)/%/.stamp: pyproject.toml
 	@echo "== setting up $(VENV)/$* (first time: minutes; torch brings several GB of CUDA wheels)"

@@ -1,6 +1,6 @@
 """One frozen dataclass per workload, with three presets.
 
-`full` is the book / tutorial protocol (DESIGN.md section 1), the default with accelerators.
+`full` is the book / tutorial protocol (docs/design.md), the default with accelerators.
 `cpu` fits a 2-core machine in minutes; `smoke` runs in seconds, for tests.
 Values that depend on the device count (resnet18 batch and lr) are resolved by `for_devices`.
 """

@@ -1,4 +1,4 @@
-"""Fashion-MNIST: find, download, verify, parse IDX, and a seeded batch order (DESIGN.md section 8).
+"""Fashion-MNIST: find, download, verify, parse IDX, and a seeded batch order (docs/design.md).
 
 Framework-free: every framework gets the same uint8 arrays and the same index sequence.
 """

@@ -1,4 +1,4 @@
-"""What GPUS=N and PLATFORM=auto|gpu|cpu mean on this machine (DESIGN.md section 5).
+"""What GPUS=N and PLATFORM=auto|gpu|cpu mean on this machine (docs/design.md, "Devices").
 
 The answer is framework-free data, a `DevicePlan`; each framework turns it into its own device
 objects. No framework is imported here: accelerators are counted the way nvidia-smi sees them.
@@ -113,7 +113,8 @@ JAX_HOST_FLAG = "--xla_force_host_platform_device_count"
 
 def set_jax_host_devices(n: int) -> None:
     """Ask XLA for `n` host (CPU) devices. Must run before JAX is imported, which it checks:
-    XLA_FLAGS read after JAX initialised its backend are silently ignored (DESIGN.md section 9)."""
+    XLA_FLAGS read after JAX initialised its backend are silently ignored (docs/design.md,
+    "Traps")."""
     if "jax" in sys.modules:
         raise DeviceError(
             "JAX was imported before the device count was set; call "

@@ -1,4 +1,4 @@
-"""Result records, an append-only JSON Lines store, and environment metadata (DESIGN.md section 7).
+"""Result records, an append-only JSON Lines store, and environment metadata (docs/design.md).
 
 One run appends one line. An append is a single `write` of the whole line on a file opened with
 O_APPEND, under an exclusive lock, so concurrent writers and an interrupted run never leave half

@@ -1,4 +1,4 @@
-"""The one timer (DESIGN.md section 6).
+"""The one timer (docs/design.md, "Timing").
 
 Device work is asynchronous, so every timed region ends with the framework's barrier, passed in
 as `sync` (`torch.cuda.synchronize`, `jax.block_until_ready` on the outputs, `mx.nd.waitall`).

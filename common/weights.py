@@ -1,5 +1,5 @@
 """A framework-neutral weight exchange format, so all three frameworks can start from one set of
-numbers and their outputs can be compared (DESIGN.md section 3).
+numbers and their outputs can be compared (docs/design.md).
 
 A `.npz` of float32 arrays named with the shared layer names, dotted like torch's state_dict
 (`conv1.weight`, `layer1.0.bn1.running_mean`, `fc.bias`), in one layout:

@@ -1,6 +1,6 @@
 """`python -m compare.report [--results PATH ...] [--out reports/] [--html]`
 
-Reads results files (DESIGN.md section 7) and nothing else; writes `report.md` (and with --html a
+Reads results files (docs/design.md) and nothing else; writes `report.md` (and with --html a
 self-contained `report.html`) and PNG plots into --out, and prints the main tables.
 Only comparable records stand side by side; the report lists every record it left out and why.
 """

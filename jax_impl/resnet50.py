@@ -1,5 +1,5 @@
 """ResNet-50 split over devices: model parallel and pipelined, after the PyTorch tutorial
-"Single-machine model parallel best practices", timed correctly (DESIGN.md sections 1, 6).
+"Single-machine model parallel best practices", timed correctly (docs/design.md).
 
 Read in order: the toy model (the whole idea in ten lines), the network and how it is cut into
 stages, the model-parallel and pipelined models, the training loop, the split-size sweep, main.

@@ -1,4 +1,4 @@
-"""common/ is framework-free (DESIGN.md section 2): it must import with every framework blocked."""
+"""common/ is framework-free (docs/design.md): it must import with every framework blocked."""
 
 import subprocess
 import sys
