@@ -39,9 +39,11 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from common import cli, config, data, devices, results, timing, utilization, weights
+from common import cli, config, data, devices, timing, training, utilization, weights
 from jax_impl import devices as jdev
+from jax_impl import weights as jweights
 
+FRAMEWORK = "jax"
 STRATEGIES = ("sharding", "pmap")
 NUM_CLASSES = 10
 AXIS = "data"
@@ -117,63 +119,37 @@ def resnet18(num_classes=NUM_CLASSES, in_channels=1, width=64, use_bn=True, **kw
     return ResNet18(num_classes, width, use_bn, **kw)
 
 
-_LEAF = {"kernel": "weight", "bias": "bias", "scale": "weight", "mean": "running_mean"}
-_LEAF["var"] = "running_var"
-
-
-def _flat(variables):
-    """(dotted torch-style name, flax path, array) for every parameter and BN statistic."""
-    for path, leaf in jax.tree_util.tree_flatten_with_path(dict(variables))[0]:
-        keys = [k.key for k in path]
-        name = ".".join([k.replace("_", ".") for k in keys[1:-1]] + [_LEAF[keys[-1]]])
-        yield name, tuple(keys), leaf
-
-
-def _to_format(a):
-    a = np.asarray(a, dtype=np.float32)
-    return a.transpose(3, 2, 0, 1) if a.ndim == 4 else a.T if a.ndim == 2 else a  # HWIO->OIHW
-
-
-def _from_format(a):
-    a = np.asarray(a, dtype=np.float32)
-    return a.transpose(2, 3, 1, 0) if a.ndim == 4 else a.T if a.ndim == 2 else a  # OIHW->HWIO
-
-
 def weight_shapes(net):
-    shapes = jax.eval_shape(
-        partial(net.init, train=False), jax.random.key(0), jnp.zeros((1, 8, 8, 1))
-    )
-    return {name: _to_format(np.zeros(leaf.shape)).shape for name, _, leaf in _flat(shapes)}
+    """Names and shapes in the exchange format (parameters and BN running statistics)."""
+    return jweights.shapes(_abstract_variables(net))
 
 
 def get_weights(variables):
-    return {name: _to_format(leaf) for name, _, leaf in _flat(variables)}
+    return jweights.get_weights(variables)
 
 
 def set_weights(variables, params):
     """JAX is functional: returns new variables (torch and MXNet load in place)."""
-    weights.check_shapes(params, {n: _to_format(v).shape for n, _, v in _flat(variables)})
-    out = jax.tree_util.tree_map(lambda v: v, dict(variables))
-    for name, keys, _ in _flat(variables):
-        node = out
-        for k in keys[:-1]:
-            node[k] = dict(node[k])
-            node = node[k]
-        node[keys[-1]] = jnp.asarray(_from_format(params[name]))
-    return out
+    return jweights.set_weights(variables, params)
 
 
 def init_weights(net, std, seed):
     """Variables {'params', 'batch_stats'} from the shared seeded init (common.weights)."""
-    variables = jax.eval_shape(
-        partial(net.init, train=False), jax.random.key(0), jnp.zeros((1, 8, 8, 1))
+    variables = jax.tree_util.tree_map(
+        lambda s: np.zeros(s.shape, s.dtype), _abstract_variables(net)
     )
-    variables = jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), variables)
     variables = {"params": variables["params"], "batch_stats": variables.get("batch_stats", {})}
     return set_weights(variables, weights.init_normal(weight_shapes(net), std, seed))
 
 
-def make_optimizer(net, lr):
+def _abstract_variables(net):
+    """The variables' shapes and dtypes, without running the network (eval_shape)."""
+    x = jnp.zeros((1, 8, 8, 1))
+    return jax.eval_shape(partial(net.init, train=False), jax.random.key(0), x)
+
+
+def make_optimizer(lr):
+    # optax builds the update rule apart from the parameters (torch and Gluon bind them).
     return optax.sgd(lr)  # plain SGD, no momentum (d2l)
 
 
@@ -204,34 +180,10 @@ def evaluate(net, state, x_all, y_all, idx, mask):
     return jnp.sum((pred == y_all[idx]) & mask)
 
 
-def shard_batch(idx, n_devices):
-    """Batch indices per device: (N, B/N) rows; the batch must split evenly."""
-    config.check_divisible(len(idx), n_devices)
-    return np.asarray(idx, np.int32).reshape(n_devices, -1)
+# --- the parallelism: one function per strategy ------------------------------------------------
 
 
-def sharding_parallel(net, optimizer, devs):
-    """jit + Mesh: replicated state, batch sharded on 'data'. Returns (place, step, correct)."""
-    mesh = Mesh(np.array(devs), (AXIS,))
-    replicated, batch = NamedSharding(mesh, P()), NamedSharding(mesh, P(AXIS))
-
-    def place(tree, sharded_batch=False):
-        if sharded_batch:  # (N, B/N) indices -> one global batch of B split over 'data'
-            return jax.device_put(tree.reshape(-1), batch)
-        return jax.device_put(tree, replicated)
-
-    def step(state, x_all, y_all, idx):
-        x = lax.with_sharding_constraint(x_all[idx], batch)
-        return train_step(net, optimizer, state, x, y_all[idx])
-
-    def correct(state, x_all, y_all, idx, mask):
-        return evaluate(net, state, x_all, y_all, idx, mask)
-
-    step = jax.jit(step, out_shardings=(replicated, replicated), donate_argnums=0)
-    return place, step, jax.jit(correct)
-
-
-def pmap_parallel(net, optimizer, devs):
+def pmap(net, optimizer, devs):
     """pmap: state and data replicated per device, each device its (B/N) slice, pmean."""
 
     n = len(devs)
@@ -253,31 +205,49 @@ def pmap_parallel(net, optimizer, devs):
     return place, step, jax.pmap(correct, AXIS, devices=devs)
 
 
+def sharding(net, optimizer, devs):
+    """jit + Mesh: replicated state, batch sharded on 'data'. Returns (place, step, correct)."""
+    mesh = Mesh(np.array(devs), (AXIS,))
+    replicated, batch = NamedSharding(mesh, P()), NamedSharding(mesh, P(AXIS))
+
+    def place(tree, sharded_batch=False):
+        if sharded_batch:  # (N, B/N) indices -> one global batch of B split over 'data'
+            return jax.device_put(tree.reshape(-1), batch)
+        return jax.device_put(tree, replicated)
+
+    def step(state, x_all, y_all, idx):
+        x = lax.with_sharding_constraint(x_all[idx], batch)
+        return train_step(net, optimizer, state, x, y_all[idx])
+
+    def correct(state, x_all, y_all, idx, mask):
+        return evaluate(net, state, x_all, y_all, idx, mask)
+
+    step = jax.jit(step, out_shardings=(replicated, replicated), donate_argnums=0)
+    return place, step, jax.jit(correct)
+
+
 def train(net, cfg, ds, devs, strategy, sampler=None, no_progress=False):
-    """d2l's train loop on preloaded, device-resident arrays."""
+    """d2l's train loop on preloaded, device-resident arrays. In several processes each runs
+    this with its own devices; the program spans all of them."""
     n = len(devs)
-    parallel = sharding_parallel if strategy == "sharding" else pmap_parallel
-    optimizer = make_optimizer(net, cfg.lr)
-    place, step, correct = parallel(net, optimizer, devs)
-    x_train = place(data.to_float(ds[0]).transpose(0, 2, 3, 1))  # NCHW -> NHWC, once
-    y_train = place(ds[1].astype(np.int32))
-    x_test = place(data.to_float(ds[2]).transpose(0, 2, 3, 1))
-    y_test = place(ds[3].astype(np.int32))
+    optimizer = make_optimizer(cfg.lr)
+    place, step, correct = (sharding if strategy == "sharding" else pmap)(net, optimizer, devs)
+    x_train, y_train, x_test, y_test = _to_device(ds, place)
     variables = init_weights(net, cfg.init_std, cfg.seed)
     initial = dict(variables, opt_state=optimizer.init(variables["params"]))
     # On the host: `place` must copy it (a donated device array could alias it otherwise).
     initial = jax.tree_util.tree_map(np.asarray, initial)
     sampler = sampler or utilization.Sampler("cpu_time")
     timer = timing.Timer(lambda: jdev.sync(state), warmup=1)
-    out = {"train_loss": [], "test_acc": [], "sec_per_epoch": [], "timed_steps": [], "images": 0}
     first = data.batches(len(ds[1]), cfg.batch_size, cfg.seed, 0)
-    full_steps = len(first)
+    log = training.EpochLog(cfg.epochs, len(first), quiet=jax.process_index() != 0)
     # Warm-up apart from the epochs (compilation): one step of each batch shape the epochs will
     # use, on a throwaway copy of the initial state, so every epoch is timed whole.
     state = place(initial)
     with timer.region():
         for idx in data.warmup_batches(first[: cfg.steps_per_epoch]):
-            state, _ = step(state, x_train, y_train, place(shard_batch(idx, n), True))
+            rows = place(data.shard_batch(idx, n).astype(np.int32), True)
+            state, _ = step(state, x_train, y_train, rows)
     state = place(initial)  # JAX passes state in and out: training starts from a fresh copy
     for epoch in range(cfg.epochs):
         steps = data.batches(len(ds[1]), cfg.batch_size, cfg.seed, epoch)[: cfg.steps_per_epoch]
@@ -285,29 +255,30 @@ def train(net, cfg, ds, devs, strategy, sampler=None, no_progress=False):
         bar = cli.progress(range(len(steps)), len(steps), f"epoch {epoch + 1}", no_progress)
         with sampler.measure(), timer.region():
             for idx in steps:
-                state, loss = step(state, x_train, y_train, place(shard_batch(idx, n), True))
+                rows = place(data.shard_batch(idx, n).astype(np.int32), True)
+                state, loss = step(state, x_train, y_train, rows)
                 losses.append((loss, len(idx)))
                 bar.update(1)
         bar.close()
         seen = sum(k for _, k in losses)
-        out["train_loss"].append(sum(float(np.mean(l)) * k for l, k in losses) / seen)
-        out["sec_per_epoch"].append(timer.times[-1] * full_steps / len(steps))
-        out["timed_steps"].append(len(steps))
-        out["images"] += seen
-        out["test_acc"].append(accuracy(correct, state, x_test, y_test, len(ds[3]), n, place))
-        if jax.process_index() == 0:
-            print(
-                f"epoch {epoch + 1}/{cfg.epochs}: train loss {out['train_loss'][-1]:.4f}, "
-                f"test acc {out['test_acc'][-1]:.4f}, {out['sec_per_epoch'][-1]:.2f} s/epoch",
-                flush=True,
-            )
-    out["full_steps"] = full_steps
-    out["warmup_seconds"] = timer.warmup_seconds
-    out["timed_seconds"] = sum(timer.times)
-    return out
+        mean_loss = sum(float(np.mean(l)) * k for l, k in losses) / seen
+        acc = _accuracy(correct, state, x_test, y_test, len(ds[3]), n, place)
+        log.add(mean_loss, acc, timer.times[-1], len(steps), seen)
+    return log, timer
 
 
-def accuracy(correct, state, x_test, y_test, count, n, place):
+def _to_device(ds, place):
+    """(x_train, y_train, x_test, y_test) placed once; images NCHW -> NHWC (flax's layout)."""
+    x_train, y_train, x_test, y_test = ds
+    return (
+        place(data.to_float(x_train).transpose(0, 2, 3, 1)),
+        place(y_train.astype(np.int32)),
+        place(data.to_float(x_test).transpose(0, 2, 3, 1)),
+        place(y_test.astype(np.int32)),
+    )
+
+
+def _accuracy(correct, state, x_test, y_test, count, n, place):
     """Fixed-size eval batches (one compilation); the last is padded and masked."""
     size = 256 * n
     total = 0
@@ -315,7 +286,8 @@ def accuracy(correct, state, x_test, y_test, count, n, place):
         idx = np.arange(i, i + size)
         mask = idx < count
         idx = np.where(mask, idx, 0)
-        rows, valid = place(shard_batch(idx, n), True), place(shard_batch(mask, n), True)
+        rows = place(data.shard_batch(idx.astype(np.int32), n), True)
+        valid = place(data.shard_batch(mask, n), True)
         got = correct(state, x_test, y_test, rows, valid)
         total += int(np.asarray(got).reshape(-1)[0])
     return total / count
@@ -343,58 +315,30 @@ def distributed_init(strategy, plan):
     return devices.DevicePlan(len(devs), plan.platform, plan.virtual), devs
 
 
-def main(args, plan):
-    strategy = args.strategy or "sharding"
-    if strategy not in STRATEGIES:
-        raise config.ConfigError(
-            f"unknown resnet18 strategy {strategy!r} for jax; choose one of {', '.join(STRATEGIES)}"
-        )
+def main(args, plan, cfg):
+    strategy = training.choose_strategy("resnet18", FRAMEWORK, args.strategy, STRATEGIES)
     plan, devs = distributed_init(strategy, plan)
-    cfg = config.for_devices(
-        config.get_config(args.workload, args.preset, **cli.overrides(args)), plan.count
-    )
+    # d2l 13.6: N devices train with N times the batch and the lr (2 devices: 512 and 0.2).
+    cfg = config.for_devices(cfg, plan.count)
     if cfg.image_size != 28:
         raise config.ConfigError("resnet18 trains on Fashion-MNIST at its native 28x28")
     # Every batch, the epoch's last included, splits evenly (before JAX's IndivisibleError).
     config.check_epoch_split(data.train_size(cfg.train_subset), cfg.batch_size, plan.count)
     devs = devs or jdev.get_devices(plan)
-    ds = data.load()
-    x_tr, y_tr = data.subset(ds.train_images, ds.train_labels, cfg.train_subset, cfg.seed)
-    x_te, y_te = data.subset(ds.test_images, ds.test_labels, cfg.test_subset, cfg.seed)
-    dtype = jnp.bfloat16 if args.amp == "bf16" else jnp.float32
+    ds = data.load_subsets(cfg.train_subset, cfg.test_subset, cfg.seed)
+    dtype = jnp.bfloat16 if args.amp == "bf16" else jnp.float32  # JAX's bf16: the model's dtype
     net = resnet18(axis_name=AXIS if strategy == "pmap" else None, dtype=dtype)
-    gpu = plan.platform == "gpu"
-    indices = utilization.visible_gpu_indices(plan.count) if gpu else []
-    with utilization.Sampler("nvml" if gpu else "cpu_time", indices) as sampler:
-        out = train(net, cfg, (x_tr, y_tr, x_te, y_te), devs, strategy, sampler, args.no_progress)
-    stats = timing.summarize(out["sec_per_epoch"])
-    extrapolated = any(k != out["full_steps"] for k in out["timed_steps"])
+    with utilization.sampler_for(plan.platform, plan.count) as sampler:
+        log, timer = train(net, cfg, ds, devs, strategy, sampler, args.no_progress)
     usage = sampler.result()
-    if gpu:
+    if plan.platform == "gpu":
         mine = [d for d in devs if d.process_index == jax.process_index()]
         peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use", 0) for d in mine]
         usage = utilization.with_allocator_peaks(usage, peaks, "jax peak_bytes_in_use")
+    extra = {**usage, "amp": args.amp, "processes": jax.process_count()}
     rec = cli.make_record(
-        "jax",
-        args,
-        plan,
-        cfg,
-        jdev.device_names(devs),
-        jdev.versions(),
-        strategy=strategy,
-        epochs=cfg.epochs,
-        sec_per_epoch=stats.to_dict(),
-        warmup_seconds=out["warmup_seconds"],
-        images_per_sec=out["images"] / out["timed_seconds"],
-        test_acc=out["test_acc"][-1],
-        test_acc_per_epoch=out["test_acc"],
-        train_loss=out["train_loss"],
-        extrapolated=extrapolated,
-        steps_timed=out["timed_steps"][-1] if extrapolated else None,
-        extra={**usage, "amp": args.amp, "processes": jax.process_count()},
-    )
-    if jax.process_index() != 0:  # several processes: process 0 reports
-        return
-    results.append(rec, args.results)
-    print(f"{out['images'] / out['timed_seconds']:.1f} images/sec ({strategy})")
-    print(cli.final_line(rec.test_acc, stats.median, plan, extrapolated), flush=True)
+        FRAMEWORK, args, plan, cfg, jdev.device_names(devs), jdev.versions(), strategy=strategy,
+        **log.record_fields(timer.warmup_seconds), extra=extra,
+    )  # fmt: skip
+    if jax.process_index() == 0:  # several processes: process 0 reports
+        cli.save(rec, args.results, plan)

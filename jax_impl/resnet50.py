@@ -16,10 +16,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from common import cli, config, results, timing
-from common.stages import BLOCKS, LAYERS, choose_strategies, stage_blocks
+from common import cli, config, stages, timing
+from common.stages import LAYERS, stage_blocks
 from jax_impl import devices as jdev
+from jax_impl import weights as jweights
+from jax_impl.resnet import ResNet50
 
+FRAMEWORK = "jax"
 STRATEGIES = ("single", "model_parallel", "pipeline")
 
 
@@ -55,79 +58,6 @@ def train_toy(devices, lr=0.001, seed=0):
     return jax.tree.map(lambda p, g: p - lr * g, params, grads), float(loss)
 
 
-# torchvision provides Bottleneck and ResNet to the torch version; here they are written out,
-# with torchvision's layer names, padding and strides.
-def batch_norm(train, name):
-    return nn.BatchNorm(use_running_average=not train, momentum=0.9, epsilon=1e-5, name=name)
-
-
-class Downsample(nn.Module):
-    features: int
-    stride: int
-
-    @nn.compact
-    def __call__(self, x, train):
-        x = nn.Conv(self.features, (1, 1), self.stride, use_bias=False, name="0")(x)
-        return batch_norm(train, "1")(x)
-
-
-class Bottleneck(nn.Module):
-    planes: int
-    stride: int = 1
-    downsample: bool = False
-
-    @nn.compact
-    def __call__(self, x, train):
-        out = nn.Conv(self.planes, (1, 1), use_bias=False, name="conv1")(x)
-        out = nn.relu(batch_norm(train, "bn1")(out))
-        out = nn.Conv(
-            self.planes, (3, 3), self.stride, ((1, 1), (1, 1)), use_bias=False, name="conv2"
-        )(out)
-        out = nn.relu(batch_norm(train, "bn2")(out))
-        out = nn.Conv(4 * self.planes, (1, 1), use_bias=False, name="conv3")(out)
-        out = batch_norm(train, "bn3")(out)
-        if self.downsample:
-            x = Downsample(4 * self.planes, self.stride, name="downsample")(x, train)
-        return nn.relu(out + x)
-
-
-class Layer(nn.Module):
-    """Some (or all) of one layer's bottlenecks, named by index as torchvision does."""
-
-    planes: int
-    stride: int
-    indices: tuple
-
-    @nn.compact
-    def __call__(self, x, train):
-        for i in self.indices:
-            stride = self.stride if i == 0 else 1
-            x = Bottleneck(self.planes, stride, downsample=i == 0, name=str(i))(x, train)
-        return x
-
-
-class ResNet50(nn.Module):
-    """ResNet-50 (Bottleneck, [3, 4, 6, 3]); runs the `blocks` of BLOCKS it is given: all of
-    them, or one stage's, whose variables are then a subtree of the whole network's."""
-
-    num_classes: int = 1000
-    blocks: tuple = BLOCKS
-
-    @nn.compact
-    def __call__(self, x, train=True):
-        if "stem" in self.blocks:
-            x = nn.Conv(64, (7, 7), 2, ((3, 3), (3, 3)), use_bias=False, name="conv1")(x)
-            x = nn.relu(batch_norm(train, "bn1")(x))
-            x = nn.max_pool(x, (3, 3), (2, 2), ((1, 1), (1, 1)))
-        for name, planes, n, stride in LAYERS:
-            indices = tuple(i for i in range(n) if f"{name}.{i}" in self.blocks)
-            if indices:
-                x = Layer(planes, stride, indices, name=name)(x, train)
-        if "head" in self.blocks:
-            x = nn.Dense(self.num_classes, name="fc")(jnp.mean(x, axis=(1, 2)))
-        return x
-
-
 def resnet50(num_classes=1000, seed=0):
     """The module and its variables: a flax module holds no weights, so both are returned."""
     model = ResNet50(num_classes)
@@ -149,37 +79,12 @@ def resnet50(num_classes=1000, seed=0):
 
 def get_weights(variables):
     """The shared weight format (common/weights.py): torch names, OIHW convs, (out, in) fc."""
-    flat = {}
-    for path, leaf in jax.tree_util.tree_flatten_with_path(variables)[0]:
-        col, *keys, leaf_name = [k.key for k in path]
-        a = np.asarray(leaf)
-        leaf_name = {"scale": "weight", "mean": "running_mean", "var": "running_var"}.get(
-            leaf_name, leaf_name
-        )
-        if leaf_name == "kernel":
-            a, leaf_name = (a.transpose(3, 2, 0, 1) if a.ndim == 4 else a.T), "weight"
-        flat[".".join([*keys, leaf_name])] = a
-    return flat
+    return jweights.get_weights(variables)
 
 
 def set_weights(variables, params):
     """New variables holding shared-format arrays (JAX replaces, it does not copy in place)."""
-    names = {"weight": "scale", "running_mean": "mean", "running_var": "var"}
-
-    def leaf(path, old):
-        col, *keys, leaf_name = [k.key for k in path]
-        if leaf_name == "kernel":
-            a = params[".".join([*keys, "weight"])]
-            a = a.transpose(2, 3, 1, 0) if a.ndim == 4 else a.T
-        else:
-            a = params[
-                ".".join([*keys, {v: k for k, v in names.items()}.get(leaf_name, leaf_name)])
-            ]
-        if a.shape != old.shape:
-            raise ValueError(f"weights do not match: {'.'.join(keys)} {a.shape} vs {old.shape}")
-        return jax.device_put(jnp.asarray(a, old.dtype), old.sharding)
-
-    return jax.tree_util.tree_map_with_path(leaf, variables)
+    return jweights.set_weights(variables, params)
 
 
 def split_into_stages(model, variables, devices):
@@ -204,7 +109,7 @@ def split_into_stages(model, variables, devices):
     return stages
 
 
-def apply_stage(module, params, stats, x, train):
+def _apply_stage(module, params, stats, x, train):
     """Stage forward: output and BatchNorm statistics (updated in train mode)."""
     if train:
         y, new = module.apply(
@@ -220,9 +125,9 @@ def stage_forward(module, params, stats, x, train, input_grad):
     on the stage's device) for the backward pass once the cotangent comes back."""
     if input_grad:
         return jax.vjp(
-            lambda p, x: apply_stage(module, p, stats, x, train), params, x, has_aux=True
+            lambda p, x: _apply_stage(module, p, stats, x, train), params, x, has_aux=True
         )
-    return jax.vjp(lambda p: apply_stage(module, p, stats, x, train), params, has_aux=True)
+    return jax.vjp(lambda p: _apply_stage(module, p, stats, x, train), params, has_aux=True)
 
 
 @jax.jit
@@ -236,7 +141,7 @@ def last_stage_step(module, params, stats, x, labels, train, input_grad, scale):
     `scale`, the batch's element count) and backward at once, for nothing comes after it."""
 
     def loss_fn(p, x):
-        y, new_stats = apply_stage(module, p, stats, x, train)
+        y, new_stats = _apply_stage(module, p, stats, x, train)
         return jnp.sum((y - labels) ** 2) / scale, new_stats
 
     (loss, new_stats), grads = jax.value_and_grad(
@@ -247,7 +152,7 @@ def last_stage_step(module, params, stats, x, labels, train, input_grad, scale):
 
 @partial(jax.jit, static_argnames=("module", "train"))
 def forward(module, params, stats, x, train):
-    return apply_stage(module, params, stats, x, train)[0]
+    return _apply_stage(module, params, stats, x, train)[0]
 
 
 @partial(jax.jit, donate_argnums=0)
@@ -256,8 +161,12 @@ def sgd(params, grads, lr):
 
 
 @jax.jit
-def add(a, b):
+def _add(a, b):
     return jax.tree.map(jnp.add, a, b)
+
+
+def _accumulate(total, grads):
+    return grads if total is None else _add(total, grads)
 
 
 class ModelParallelResNet50:
@@ -303,38 +212,46 @@ class ModelParallelResNet50:
         return jnp.concatenate(outs)
 
     def train_step(self, inputs, labels, lr):
-        """One SGD step on the batch. At tick t stage s takes micro-batch t - s (later stages
-        dispatched first, the tutorial's loop for two stages); the last stage runs forward and
-        backward at once, and the earlier stages' backward follows, last stage first. Nothing
-        here waits for a result. Returns the loss, not yet computed."""
-        xs, ys = self.micro_batches(inputs), self.micro_batches(labels)
-        n, m, scale = len(self.modules), len(xs), labels.size
-        acts, vjps, grads, losses = list(xs), [[None] * m for _ in range(n)], [None] * n, []
-        for t in range(m + n - 1):
-            for s in reversed(range(n)):
-                i = t - s
-                if not 0 <= i < m:
-                    continue
-                x = jax.device_put(acts[i], self.devices[s])
-                if s < n - 1:
-                    acts[i], vjps[s][i], self.stats[s] = stage_forward(
-                        self.modules[s], self.params[s], self.stats[s], x, self.train_bn, s > 0
-                    )
-                    continue
-                loss, (g, acts[i]), self.stats[s] = last_stage_step(
-                    self.modules[s], self.params[s], self.stats[s], x, ys[i], self.train_bn,
-                    s > 0, scale,
-                )  # fmt: skip
-                grads[s] = g if grads[s] is None else add(grads[s], g)
-                losses.append(loss)
+        """One SGD step on the whole batch: forward stage after stage (each keeps its VJP on its
+        device), the last stage's forward and backward at once, then the earlier stages'
+        backward, last first. Nothing here waits for a result. Returns the loss, not yet
+        computed."""
+        n, x, vjps = len(self.modules), inputs, []
+        for s in range(n - 1):
+            x, vjp = self._forward(s, x)
+            vjps.append(vjp)
+        loss, last, cotangent = self._last(x, labels, labels.size)
+        grads = [None] * (n - 1) + [last]
         for s in reversed(range(n - 1)):
-            for i in range(m):
-                g, *gx = stage_backward(vjps[s][i], jax.device_put(acts[i], self.devices[s]))
-                acts[i] = gx[0] if gx else None
-                grads[s] = g if grads[s] is None else add(grads[s], g)
+            grads[s], cotangent = self._backward(s, vjps[s], cotangent)
+        self._update(grads, lr)
+        return loss
+
+    def _forward(self, s, x):
+        """Stage s (not the last) on `x`: its output and VJP; BatchNorm statistics updated."""
+        x = jax.device_put(x, self.devices[s])
+        out, vjp, self.stats[s] = stage_forward(
+            self.modules[s], self.params[s], self.stats[s], x, self.train_bn, s > 0
+        )
+        return out, vjp
+
+    def _last(self, x, labels, scale):
+        """The last stage on `x`: loss, parameter gradients and the input's cotangent."""
+        s = len(self.modules) - 1
+        x = jax.device_put(x, self.devices[s])
+        loss, (grads, cotangent), self.stats[s] = last_stage_step(
+            self.modules[s], self.params[s], self.stats[s], x, labels, self.train_bn, s > 0, scale
+        )
+        return loss, grads, cotangent
+
+    def _backward(self, s, vjp, cotangent):
+        """Stage s's backward: its parameter gradients and its input's cotangent (stage 0: None)."""
+        grads, *gx = stage_backward(vjp, jax.device_put(cotangent, self.devices[s]))
+        return grads, (gx[0] if gx else None)
+
+    def _update(self, grads, lr):
         self.grads = grads
         self.params = [sgd(p, g, lr) for p, g in zip(self.params, grads, strict=True)]
-        return sum(jax.device_put(loss, self.devices[-1]) for loss in losses)
 
 
 class PipelineParallelResNet50(ModelParallelResNet50):
@@ -345,6 +262,32 @@ class PipelineParallelResNet50(ModelParallelResNet50):
     def __init__(self, devices, variables, split_size=20, num_classes=1000):
         super().__init__(devices, variables, num_classes)
         self.split_size = split_size
+
+    def train_step(self, inputs, labels, lr):
+        """The schedule: at tick t stage s takes micro-batch t - s (later stages dispatched
+        first, the tutorial's loop for two stages); the last stage runs each micro-batch's
+        forward and backward at once; then the earlier stages' backward, last stage first.
+        Gradients add up over the micro-batches (each loss is its share of the batch's)."""
+        xs, ys = self.micro_batches(inputs), self.micro_batches(labels)
+        n, m = len(self.modules), len(xs)
+        acts, vjps, grads, losses = list(xs), [[None] * m for _ in range(n)], [None] * n, []
+        for t in range(m + n - 1):
+            for s in reversed(range(n)):
+                i = t - s
+                if not 0 <= i < m:
+                    continue
+                if s < n - 1:
+                    acts[i], vjps[s][i] = self._forward(s, acts[i])
+                    continue
+                loss, g, acts[i] = self._last(acts[i], ys[i], labels.size)
+                grads[s] = _accumulate(grads[s], g)
+                losses.append(loss)
+        for s in reversed(range(n - 1)):
+            for i in range(m):
+                g, acts[i] = self._backward(s, vjps[s][i], acts[i])
+                grads[s] = _accumulate(grads[s], g)
+        self._update(grads, lr)
+        return sum(jax.device_put(loss, self.devices[-1]) for loss in losses)
 
 
 def make_data(cfg, devices):
@@ -433,59 +376,17 @@ def run_strategy(args, plan, cfg, devs, strategy, split_size=None, sweep=False):
     model = build(strategy, used, split_size, cfg.num_classes, cfg.seed)
     timer, losses = train(model, cfg, used)
     extra = measure_stages(model, cfg) if strategy != "single" else {}
-    stats = timer.stats()
     rec = cli.make_record(
-        "jax",
-        args,
-        dataclasses.replace(plan, count=len(used)),
-        cfg,
-        jdev.device_names(used),
-        jdev.versions(),
-        strategy=strategy,
-        seconds=stats.to_dict(),
-        warmup_seconds=timer.warmup_seconds,
-        images_per_sec=cfg.num_batches * cfg.batch_size / stats.median,
-        train_loss=losses,
-        split_size=split_size,
-        extra={**extra, "num_batches": cfg.num_batches, "image_size": cfg.image_size}
-        | ({"sweep": True} if sweep else {}),
-    )
-    results.append(rec, args.results)
-    split = f" (split {split_size})" if split_size else ""
-    print(
-        f"resnet50 {strategy}{split}: {stats} per {cfg.num_batches} batch(es) of "
-        f"{cfg.batch_size}, {rec.images_per_sec:.1f} images/s, loss {losses[-1]:.4f} "
-        f"on [{plan.describe() if len(used) > 1 else f'1 x {plan.platform}'}]",
-        flush=True,
-    )
+        FRAMEWORK, args, dataclasses.replace(plan, count=len(used)), cfg,
+        jdev.device_names(used), jdev.versions(), strategy=strategy,
+        **stages.record_fields(cfg, timer, losses, split_size, extra, sweep),
+    )  # fmt: skip
+    stages.save(rec, args.results, cfg, plan)
     return rec
 
 
-def sweep_split_sizes(args, plan, cfg, devs):
-    """The tutorial's last experiment: the pipelined model at every split size of the preset."""
-    for split_size in cfg.split_sizes:
-        config.check_split_size(split_size, cfg.batch_size)  # all checked before any result
-    return [
-        run_strategy(args, plan, cfg, devs, "pipeline", split_size, sweep=True)
-        for split_size in cfg.split_sizes
-    ]
-
-
-def plan_strategies(args, plan, cfg):
-    """The strategies to run (common.stages); gpipe and 1f1b are torch's engine only."""
-    return choose_strategies(args, plan.count, STRATEGIES, "jax")
-
-
-def main(args, plan):
-    cfg = config.for_devices(
-        config.get_config(args.workload, args.preset, **cli.overrides(args)), plan.count
-    )
-    strategies = plan_strategies(args, plan, cfg)
+def main(args, plan, cfg):
+    strategies = stages.choose_strategies(args, plan.count, STRATEGIES, FRAMEWORK)
     devs = jdev.get_devices(plan)
-    if args.sweep:
-        sweep_split_sizes(args, plan, cfg, devs)
-        return
-    for strategy in strategies:
-        run_strategy(
-            args, plan, cfg, devs, strategy, cfg.split_size if strategy == "pipeline" else None
-        )
+    for strategy, split_size, sweep in stages.runs(args, cfg, strategies):
+        run_strategy(args, plan, cfg, devs, strategy, split_size, sweep)

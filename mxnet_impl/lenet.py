@@ -8,10 +8,10 @@ applies the same SGD step. Side by side with torch_impl/lenet.py and jax_impl/le
 import numpy as np
 from mxnet import autograd, gluon, nd
 
-from common import cli, config, data, results, timing, weights
+from common import cli, config, data, timing, training, weights
 from mxnet_impl import devices as mdev
 
-STRATEGY = "scratch"
+FRAMEWORK, STRATEGY = "mxnet", "scratch"
 SHAPES = {
     "conv1.weight": (20, 1, 3, 3),
     "conv1.bias": (20,),
@@ -106,7 +106,7 @@ def evaluate(device_params, X, y, devices, batch_size):
 
 
 def train(cfg, devices, train_data, test_data, no_progress=False):
-    """d2l's train(num_gpus, batch_size, lr). Returns the device parameters, history, timer."""
+    """d2l's train(num_gpus, batch_size, lr). Returns the device parameters, EpochLog, timer."""
     X, y = train_data
     params = init_params(cfg.init_std, cfg.seed)
     device_params = [get_params(params, d) for d in devices]
@@ -119,7 +119,7 @@ def train(cfg, devices, train_data, test_data, no_progress=False):
         for idx in data.warmup_batches(order):
             idx = nd.array(idx, ctx=X.context, dtype="int64")
             train_batch(X.take(idx), y.take(idx), scratch, devices, cfg.lr)
-    history = {"train_loss": [], "test_acc": []}
+    log = training.EpochLog(cfg.epochs, len(order))
     for epoch in range(cfg.epochs):
         batches = data.batches(len(y), cfg.batch_size, cfg.seed, epoch)
         total = nd.zeros((1,), ctx=devices[0])
@@ -127,21 +127,13 @@ def train(cfg, devices, train_data, test_data, no_progress=False):
             for idx in cli.progress(batches, len(batches), f"epoch {epoch + 1}", no_progress):
                 idx = nd.array(idx, ctx=X.context, dtype="int64")
                 total += train_batch(X.take(idx), y.take(idx), device_params, devices, cfg.lr)
-        history["train_loss"].append(float(total.asscalar()) / len(y))
-        history["test_acc"].append(evaluate(device_params, *test_data, devices, cfg.batch_size))
-        print(
-            f"epoch {epoch + 1}/{cfg.epochs}: loss {history['train_loss'][-1]:.4f}, "
-            f"test acc {history['test_acc'][-1]:.3f}, {timer.times[-1]:.2f} sec",
-            flush=True,
-        )
-    return device_params, history, timer
+        acc = evaluate(device_params, *test_data, devices, cfg.batch_size)
+        log.add(float(total.asscalar()) / len(y), acc, timer.times[-1], len(batches), len(y))
+    return device_params, log, timer
 
 
-def main(args, plan) -> None:
-    cfg = config.get_config(args.workload, args.preset, **cli.overrides(args))
-    cfg = config.for_devices(cfg, plan.count)
-    if args.strategy not in (None, STRATEGY):
-        raise config.ConfigError(f"lenet has one strategy, {STRATEGY!r}; got {args.strategy!r}")
+def main(args, plan, cfg) -> None:
+    training.choose_strategy("lenet", FRAMEWORK, args.strategy, (STRATEGY,))
     if args.amp != "off":
         raise config.ConfigError("lenet runs in float32 only, like the book; drop --amp")
     # Every batch is split evenly over the devices, the epoch's last (partial) one included.
@@ -160,23 +152,15 @@ def main(args, plan) -> None:
             data.subset(fm.test_images, fm.test_labels, cfg.test_subset, cfg.seed),
         )
     )
-    _, history, timer = train(cfg, devices, train_data, test_data, args.no_progress)
-    stats = timer.stats()
-    record = cli.make_record(
-        "mxnet",
+    _, log, timer = train(cfg, devices, train_data, test_data, args.no_progress)
+    rec = cli.make_record(
+        FRAMEWORK,
         args,
         plan,
         cfg,
         mdev.device_names(devices),
         mdev.versions(),
         strategy=STRATEGY,
-        epochs=cfg.epochs,
-        sec_per_epoch=stats.to_dict(),
-        warmup_seconds=timer.warmup_seconds,
-        images_per_sec=n_train / stats.median,
-        test_acc=history["test_acc"][-1],
-        test_acc_per_epoch=history["test_acc"],
-        train_loss=history["train_loss"],
+        **log.record_fields(timer.warmup_seconds),
     )
-    results.append(record, args.results)
-    print(cli.final_line(record.test_acc, stats.median, plan, extrapolated=False))
+    cli.save(rec, args.results, plan)
