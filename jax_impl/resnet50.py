@@ -88,8 +88,11 @@ def set_weights(variables, params):
 
 
 def split_into_stages(model, variables, devices):
-    """One (module, variables) per device: the stage's part of `variables`, device_put there.
-    JAX: the variables come apart from the module."""
+    """One (module, variables) per device: the stage's part of `variables`, device_put there
+    (JAX: the variables come apart from the module). On two devices this is the tutorial's
+    split: stage 1 = stem (conv1, bn1, relu, maxpool) + layer1 + layer2, stage 2 = layer3 +
+    layer4 + avgpool + fc; on more, the blocks are cut into contiguous stages of balanced FLOPs
+    (common.stages.stage_blocks)."""
     stages = []
     for blocks, device in zip(stage_blocks(len(devices)), devices, strict=True):
 

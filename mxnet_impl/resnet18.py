@@ -1,8 +1,8 @@
 """ResNet-18 on Fashion-MNIST, concise data parallel in MXNet Gluon (d2l 13.6).
 
-Strategy `gluon` (the only one): the parameters live on a list of contexts
-(`mx.gpu(0..N-1)`, or `mx.cpu(0..N-1)` as virtual devices), `gluon.utils.split_and_load` splits
-each batch over them, every context runs forward/backward on its part, and `gluon.Trainer` with
+Strategy `gluon` (the only one), in the function `gluon`: the parameters live on a list of
+contexts (`mx.gpu(0..N-1)`, or `mx.cpu(0..N-1)` as virtual devices), `split_and_load` splits each
+batch over them, every context runs forward/backward on its part, and `gluon.Trainer` with
 kvstore `device` sums the gradients and updates every copy. The network is hybridized.
 
 BatchNorm statistics are per context, as in d2l: each copy normalises its own part of the batch
@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import mxnet as mx
 import numpy as np
-from mxnet import autograd, gluon, nd
+from mxnet import autograd, nd
 from mxnet.gluon import nn
 
-from common import cli, config, data, results, timing, utilization, weights
+from common import cli, config, data, timing, training, utilization, weights
 from mxnet_impl import devices as mdev
+from mxnet_impl import weights as mweights
 
+FRAMEWORK = "mxnet"
 STRATEGIES = ("gluon",)
 NUM_CLASSES = 10
 
@@ -86,30 +88,17 @@ def resnet18(num_classes=NUM_CLASSES, in_channels=1, width=64, use_bn=True):
     )
 
 
-_LEAF = {"gamma": "weight", "beta": "bias"}  # Gluon's BatchNorm names; the rest match torch
-
-
-def _named_params(net):
-    """Dotted structural names (`layer1.0.bn1.gamma`) -> Parameter, with torch's leaf names."""
-    out = {}
-    for name, p in net._collect_params_with_prefix().items():
-        head, leaf = name.rsplit(".", 1)
-        out[f"{head}.{_LEAF.get(leaf, leaf)}"] = p
-    return out
-
-
 def weight_shapes(net):
-    return {k: tuple(p.shape) for k, p in _named_params(net).items()}
+    """Names and shapes in the exchange format (parameters and BN running statistics)."""
+    return mweights.shapes(net)
 
 
 def get_weights(net):
-    return {k: p.list_data()[0].asnumpy() for k, p in _named_params(net).items()}
+    return mweights.get_weights(net)
 
 
 def set_weights(net, params):
-    weights.check_shapes(params, weight_shapes(net))
-    for k, p in _named_params(net).items():
-        p.set_data(nd.array(params[k]))  # every context's copy
+    mweights.set_weights(net, params)  # every context's copy
     return net
 
 
@@ -120,14 +109,15 @@ def init_weights(net, std, seed, ctx=None):
 
 
 def make_optimizer(net, lr):
-    # Plain SGD (d2l); kvstore `device` reduces gradients across contexts.
-    return gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": lr}, kvstore="device")
+    # Plain SGD (d2l). The kvstore `device` is Gluon's data-parallel reduction: it sums the
+    # contexts' gradients before the one update of every copy (see `gluon`).
+    return mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": lr}, kvstore="device")
 
 
 def loss_fn(logits, labels):
     """Per-sample losses (Gluon's idiom): `Trainer.step(batch_size)` divides their summed
     gradient by the batch size, so the update is that of the mean cross-entropy."""
-    return gluon.loss.SoftmaxCrossEntropyLoss()(logits, labels)
+    return mx.gluon.loss.SoftmaxCrossEntropyLoss()(logits, labels)
 
 
 def train_step(net, trainer, xs, ys):
@@ -148,35 +138,41 @@ def evaluate(net, xs, ys):
     )
 
 
-def shard_batch(x_all, y_all, idx, ctxs):
-    """Slice the batch from the preloaded arrays and `split_and_load` it over the contexts
-    (uneven parts allowed, so a short last batch is kept)."""
-    sel = nd.array(idx, ctx=x_all.context, dtype="int64")
-    xs = gluon.utils.split_and_load(nd.take(x_all, sel), ctxs, even_split=False)
-    ys = gluon.utils.split_and_load(nd.take(y_all, sel), ctxs, even_split=False)
-    return xs, ys
+# --- the parallelism: one function per strategy ------------------------------------------------
 
 
-def train(net, cfg, ds, ctxs, sampler=None, no_progress=False):
+def gluon(net, ctxs):
+    """Gluon's data parallel: a copy of the parameters on every context; each batch is split
+    over the contexts (split_and_load), each context runs forward and backward on its part, and
+    the Trainer's kvstore sums the gradients (make_optimizer). Returns the batch splitter."""
+    net.collect_params().reset_ctx(ctxs)
+
+    def split(x_all, y_all, idx):
+        sel = nd.array(idx, ctx=x_all.context, dtype="int64")
+        xs = mx.gluon.utils.split_and_load(nd.take(x_all, sel), ctxs, even_split=False)
+        ys = mx.gluon.utils.split_and_load(nd.take(y_all, sel), ctxs, even_split=False)
+        return xs, ys
+
+    return split
+
+
+def train(net, cfg, ds, devs, strategy, sampler=None, no_progress=False):
     """d2l's train loop on preloaded arrays (on the first context)."""
-    x_train = nd.array(data.to_float(ds[0]), ctx=ctxs[0])
-    y_train = nd.array(ds[1].astype(np.int32), ctx=ctxs[0], dtype="int32")
-    x_test = nd.array(data.to_float(ds[2]), ctx=ctxs[0])
-    y_test = nd.array(ds[3].astype(np.int32), ctx=ctxs[0], dtype="int32")
-    init_weights(net, cfg.init_std, cfg.seed, ctxs)
+    init_weights(net, cfg.init_std, cfg.seed, devs[:1])
+    split = {"gluon": gluon}[strategy](net, devs)
     net.hybridize()
     trainer = make_optimizer(net, cfg.lr)
+    x_train, y_train, x_test, y_test = _to_device(ds, devs[0])
     sampler = sampler or utilization.Sampler("cpu_time")
     timer = timing.Timer(mdev.sync, warmup=1)
-    out = {"train_loss": [], "test_acc": [], "sec_per_epoch": [], "timed_steps": [], "images": 0}
     first = data.batches(len(ds[1]), cfg.batch_size, cfg.seed, 0)
-    full_steps = len(first)
+    log = training.EpochLog(cfg.epochs, len(first))
     # Warm-up apart from the epochs (graph building, memory planning): one step of each batch
     # shape the epochs will use, then the initial weights are set again (on every context, and
     # in the kvstore), so every epoch is timed whole.
     with timer.region():
         for idx in data.warmup_batches(first[: cfg.steps_per_epoch]):
-            train_step(net, trainer, *shard_batch(x_train, y_train, idx, ctxs))
+            train_step(net, trainer, *split(x_train, y_train, idx))
     set_weights(net, weights.init_normal(weight_shapes(net), cfg.init_std, cfg.seed))
     for epoch in range(cfg.epochs):
         steps = data.batches(len(ds[1]), cfg.batch_size, cfg.seed, epoch)[: cfg.steps_per_epoch]
@@ -184,78 +180,49 @@ def train(net, cfg, ds, ctxs, sampler=None, no_progress=False):
         bar = cli.progress(range(len(steps)), len(steps), f"epoch {epoch + 1}", no_progress)
         with sampler.measure(), timer.region():
             for idx in steps:
-                losses += train_step(net, trainer, *shard_batch(x_train, y_train, idx, ctxs))
+                losses += train_step(net, trainer, *split(x_train, y_train, idx))
                 bar.update(1)
         bar.close()
         seen = sum(len(b) for b in steps)
-        out["train_loss"].append(sum(float(loss.asscalar()) for loss in losses) / seen)
-        out["sec_per_epoch"].append(timer.times[-1] * full_steps / len(steps))
-        out["timed_steps"].append(len(steps))
-        out["images"] += seen
         correct = sum(
-            evaluate(net, *shard_batch(x_test, y_test, idx, ctxs))
+            evaluate(net, *split(x_test, y_test, idx))
             for idx in np.array_split(np.arange(len(ds[3])), max(1, len(ds[3]) // 256))
         )
-        out["test_acc"].append(float(correct) / len(ds[3]))
-        print(
-            f"epoch {epoch + 1}/{cfg.epochs}: train loss {out['train_loss'][-1]:.4f}, "
-            f"test acc {out['test_acc'][-1]:.4f}, {out['sec_per_epoch'][-1]:.2f} s/epoch",
-            flush=True,
-        )
-    out["full_steps"] = full_steps
-    out["warmup_seconds"] = timer.warmup_seconds
-    out["timed_seconds"] = sum(timer.times)
-    return out
+        loss = sum(float(loss.asscalar()) for loss in losses) / seen
+        log.add(loss, float(correct) / len(ds[3]), timer.times[-1], len(steps), seen)
+    return log, timer
 
 
-def main(args, plan):
-    strategy = args.strategy or "gluon"
-    if strategy not in STRATEGIES:
-        raise config.ConfigError(
-            f"unknown resnet18 strategy {strategy!r} for mxnet; "
-            f"choose one of {', '.join(STRATEGIES)}"
-        )
+def _to_device(ds, ctx):
+    """(x_train, y_train, x_test, y_test) as NDArrays on `ctx`, once."""
+    x_train, y_train, x_test, y_test = ds
+    return (
+        nd.array(data.to_float(x_train), ctx=ctx),
+        nd.array(y_train.astype(np.int32), ctx=ctx, dtype="int32"),
+        nd.array(data.to_float(x_test), ctx=ctx),
+        nd.array(y_test.astype(np.int32), ctx=ctx, dtype="int32"),
+    )
+
+
+def main(args, plan, cfg):
+    strategy = training.choose_strategy("resnet18", FRAMEWORK, args.strategy, STRATEGIES)
     if args.amp == "bf16":
         raise config.ConfigError(
             "--amp bf16 is not supported by the MXNet implementation (CPU-only MXNet 1.9.1 wheel "
             "has no bf16 Gluon training); use --amp off"
         )
-    cfg = config.for_devices(
-        config.get_config(args.workload, args.preset, **cli.overrides(args)), plan.count
-    )
+    # d2l 13.6: N devices train with N times the batch and the lr (2 devices: 512 and 0.2).
+    cfg = config.for_devices(cfg, plan.count)
     if cfg.image_size != 28:
         raise config.ConfigError("resnet18 trains on Fashion-MNIST at its native 28x28")
     # Every batch, the epoch's last included, splits evenly: no sample is dropped.
     config.check_epoch_split(data.train_size(cfg.train_subset), cfg.batch_size, plan.count)
     ctxs = mdev.get_devices(plan)
-    ds = data.load()
-    x_tr, y_tr = data.subset(ds.train_images, ds.train_labels, cfg.train_subset, cfg.seed)
-    x_te, y_te = data.subset(ds.test_images, ds.test_labels, cfg.test_subset, cfg.seed)
-    gpu = plan.platform == "gpu"
-    indices = utilization.visible_gpu_indices(plan.count) if gpu else []
-    with utilization.Sampler("nvml" if gpu else "cpu_time", indices) as sampler:
-        out = train(resnet18(), cfg, (x_tr, y_tr, x_te, y_te), ctxs, sampler, args.no_progress)
-    stats = timing.summarize(out["sec_per_epoch"])
-    extrapolated = any(k != out["full_steps"] for k in out["timed_steps"])
+    ds = data.load_subsets(cfg.train_subset, cfg.test_subset, cfg.seed)
+    with utilization.sampler_for(plan.platform, plan.count) as sampler:
+        log, timer = train(resnet18(), cfg, ds, ctxs, strategy, sampler, args.no_progress)
     rec = cli.make_record(
-        "mxnet",
-        args,
-        plan,
-        cfg,
-        mdev.device_names(ctxs),
-        mdev.versions(),
-        strategy=strategy,
-        epochs=cfg.epochs,
-        sec_per_epoch=stats.to_dict(),
-        warmup_seconds=out["warmup_seconds"],
-        images_per_sec=out["images"] / out["timed_seconds"],
-        test_acc=out["test_acc"][-1],
-        test_acc_per_epoch=out["test_acc"],
-        train_loss=out["train_loss"],
-        extrapolated=extrapolated,
-        steps_timed=out["timed_steps"][-1] if extrapolated else None,
-        extra={**sampler.result(), "amp": args.amp},
-    )
-    results.append(rec, args.results)
-    print(f"{out['images'] / out['timed_seconds']:.1f} images/sec ({strategy})")
-    print(cli.final_line(rec.test_acc, stats.median, plan, extrapolated), flush=True)
+        FRAMEWORK, args, plan, cfg, mdev.device_names(ctxs), mdev.versions(), strategy=strategy,
+        **log.record_fields(timer.warmup_seconds), extra={**sampler.result(), "amp": args.amp},
+    )  # fmt: skip
+    cli.save(rec, args.results, plan)

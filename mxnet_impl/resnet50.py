@@ -15,10 +15,13 @@ import numpy as np
 from mxnet import autograd, gluon, nd
 from mxnet.gluon import nn
 
-from common import cli, config, results, timing
-from common.stages import LAYERS, choose_strategies, stage_blocks
+from common import cli, config, stages, timing
+from common.stages import stage_blocks
 from mxnet_impl import devices as mdev
+from mxnet_impl import weights as mweights
+from mxnet_impl.resnet import ResNet
 
+FRAMEWORK = "mxnet"
 STRATEGIES = ("single", "model_parallel", "pipeline")
 
 
@@ -59,59 +62,6 @@ def train_toy(devices, lr=0.001, seed=0):
     return model, loss.asscalar()
 
 
-# torchvision provides Bottleneck and ResNet to the torch version; here they are written out,
-# with torchvision's layer names (attribute names are Gluon's structural parameter names).
-def batch_norm(channels):
-    return nn.BatchNorm(momentum=0.9, epsilon=1e-5, in_channels=channels)
-
-
-class Bottleneck(nn.HybridBlock):
-    def __init__(self, inplanes, planes, stride=1, downsample=False):
-        super().__init__()
-        self.conv1 = nn.Conv2D(planes, 1, use_bias=False, in_channels=inplanes)
-        self.bn1 = batch_norm(planes)
-        self.conv2 = nn.Conv2D(planes, 3, stride, 1, use_bias=False, in_channels=planes)
-        self.bn2 = batch_norm(planes)
-        self.conv3 = nn.Conv2D(4 * planes, 1, use_bias=False, in_channels=planes)
-        self.bn3 = batch_norm(4 * planes)
-        self.relu = nn.Activation("relu")
-        self.downsample = nn.HybridSequential() if downsample else None
-        if downsample:
-            self.downsample.add(
-                nn.Conv2D(4 * planes, 1, stride, use_bias=False, in_channels=inplanes),
-                batch_norm(4 * planes),
-            )
-
-    def hybrid_forward(self, F, x):
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.relu(self.bn2(self.conv2(out)))
-        out = self.bn3(self.conv3(out))
-        return self.relu(out + (x if self.downsample is None else self.downsample(x)))
-
-
-class ResNet(nn.HybridBlock):
-    def __init__(self, num_classes=1000):
-        super().__init__()
-        self.conv1 = nn.Conv2D(64, 7, 2, 3, use_bias=False, in_channels=3)
-        self.bn1 = batch_norm(64)
-        self.relu = nn.Activation("relu")
-        self.maxpool = nn.MaxPool2D(3, 2, 1)
-        inplanes = 64
-        for name, planes, n, stride in LAYERS:
-            layer = nn.HybridSequential()
-            for i in range(n):
-                layer.add(Bottleneck(inplanes, planes, stride if i == 0 else 1, i == 0))
-                inplanes = 4 * planes
-            setattr(self, name, layer)
-        self.avgpool = nn.GlobalAvgPool2D()
-        self.fc = nn.Dense(num_classes, in_units=4 * 512)  # flattens its input
-
-    def hybrid_forward(self, F, x):
-        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
-        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-        return self.fc(self.avgpool(x))
-
-
 def resnet50(num_classes=1000):
     """ResNet-50 (Bottleneck, [3, 4, 6, 3]) as torchvision builds it, not yet initialised."""
     return ResNet(num_classes)
@@ -120,32 +70,22 @@ def resnet50(num_classes=1000):
 INIT = mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2)  # He normal
 
 
-def shared_name(name):
-    """Gluon's structural name (`layer1.0.bn1.gamma`) in the shared format: gamma and beta are
-    BatchNorm's weight and bias; everything else, layout included, is the same."""
-    head, leaf = name.rsplit(".", 1)
-    return f"{head}.{ {'gamma': 'weight', 'beta': 'bias'}.get(leaf, leaf) }"
-
-
 def get_weights(model):
-    """The shared weight format (common/weights.py). The structural names come from the
-    attribute names, through the (private) helper that save_parameters uses."""
-    params = model._collect_params_with_prefix().items()
-    return {shared_name(n): p.data(p.list_ctx()[0]).asnumpy() for n, p in params}
+    """The shared weight format (common/weights.py)."""
+    return mweights.get_weights(model)
 
 
 def set_weights(model, params):
     """Copy shared-format arrays into `model` in place (onto every context a parameter has)."""
-    own = {shared_name(n): p for n, p in model._collect_params_with_prefix().items()}
-    if set(own) != set(params):
-        raise ValueError(f"weights do not match: {sorted(set(own) ^ set(params))[:3]}")
-    for name, p in own.items():
-        p.set_data(nd.array(params[name]))
+    mweights.set_weights(model, params)
 
 
 def split_into_stages(model, devices):
     """One HybridSequential per device, made of `model`'s own blocks (shared, not copied),
-    whose parameters are initialised on that device."""
+    whose parameters are initialised on that device. On two devices this is the tutorial's
+    split: stage 1 = stem (conv1, bn1, relu, maxpool) + layer1 + layer2, stage 2 = layer3 +
+    layer4 + avgpool + fc; on more, the blocks are cut into contiguous stages of balanced FLOPs
+    (common.stages.stage_blocks)."""
     parts = {
         "stem": [model.conv1, model.bn1, model.relu, model.maxpool],
         "head": [model.avgpool, model.fc],
@@ -307,58 +247,17 @@ def run_strategy(args, plan, cfg, devs, strategy, split_size=None, sweep=False):
     model = build(strategy, used, split_size, cfg.num_classes)
     timer, losses = train(model, cfg, used)
     extra = measure_stages(model, cfg) if strategy != "single" else {}
-    stats = timer.stats()
     rec = cli.make_record(
-        "mxnet",
-        args,
-        dataclasses.replace(plan, count=len(used)),
-        cfg,
-        mdev.device_names(used),
-        mdev.versions(),
-        strategy=strategy,
-        seconds=stats.to_dict(),
-        warmup_seconds=timer.warmup_seconds,
-        images_per_sec=cfg.num_batches * cfg.batch_size / stats.median,
-        train_loss=losses,
-        split_size=split_size,
-        extra={**extra, "num_batches": cfg.num_batches, "image_size": cfg.image_size}
-        | ({"sweep": True} if sweep else {}),
-    )
-    results.append(rec, args.results)
-    split = f" (split {split_size})" if split_size else ""
-    print(
-        f"resnet50 {strategy}{split}: {stats} per {cfg.num_batches} batch(es) of "
-        f"{cfg.batch_size}, {rec.images_per_sec:.1f} images/s, loss {losses[-1]:.4f} "
-        f"on [{plan.describe() if len(used) > 1 else f'1 x {plan.platform}'}]",
-        flush=True,
-    )
+        FRAMEWORK, args, dataclasses.replace(plan, count=len(used)), cfg,
+        mdev.device_names(used), mdev.versions(), strategy=strategy,
+        **stages.record_fields(cfg, timer, losses, split_size, extra, sweep),
+    )  # fmt: skip
+    stages.save(rec, args.results, cfg, plan)
     return rec
 
 
-def sweep_split_sizes(args, plan, cfg, devs):
-    """The tutorial's last experiment: the pipelined model at every split size of the preset."""
-    for split_size in cfg.split_sizes:
-        config.check_split_size(split_size, cfg.batch_size)  # all checked before any result
-    return [
-        run_strategy(args, plan, cfg, devs, "pipeline", split_size, sweep=True)
-        for split_size in cfg.split_sizes
-    ]
-
-
-def plan_strategies(args, plan, cfg):
-    """The strategies to run (common.stages); gpipe and 1f1b are torch's engine only."""
-    return choose_strategies(args, plan.count, STRATEGIES, "mxnet")
-
-
-def main(args, plan):
-    cfg = config.for_devices(
-        config.get_config(args.workload, args.preset, **cli.overrides(args)), plan.count
-    )
-    strategies = plan_strategies(args, plan, cfg)
+def main(args, plan, cfg):
+    strategies = stages.choose_strategies(args, plan.count, STRATEGIES, FRAMEWORK)
     devs = mdev.get_devices(plan)
-    if args.sweep:
-        sweep_split_sizes(args, plan, cfg, devs)
-        return
-    for strategy in strategies:
-        split = cfg.split_size if strategy == "pipeline" else None
-        run_strategy(args, plan, cfg, devs, strategy, split)
+    for strategy, split_size, sweep in stages.runs(args, cfg, strategies):
+        run_strategy(args, plan, cfg, devs, strategy, split_size, sweep)
