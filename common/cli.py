@@ -14,11 +14,14 @@ import os
 import sys
 from collections.abc import Callable
 
-from common import config, data, devices, results, weights
+from common import config, data, devices, results, training, weights
 
 EXIT_BAD_INPUT = 2
 EXIT_NOT_IMPLEMENTED = 3
+EXIT_DIVERGED = 4
+EXIT_INTERRUPTED = 130  # the shell's code for Ctrl-C
 USER_ERRORS = (
+    training.Diverged,
     config.ConfigError,
     devices.DeviceError,
     data.DatasetError,
@@ -69,6 +72,10 @@ def parser(framework: str) -> argparse.ArgumentParser:
 
 def overrides(args: argparse.Namespace) -> dict:
     """Command-line settings that replace preset values (None: keep the preset's)."""
+    if args.workload != "resnet50" and (args.split_size is not None or args.sweep):
+        raise config.ConfigError(
+            f"--split-size and --sweep apply to resnet50 only, not {args.workload}; drop them"
+        )
     return {
         "epochs": args.epochs,
         "batch_size": args.batch_size,
@@ -93,6 +100,7 @@ def run(
         if args.preset is None:
             args.preset = config.default_preset(plan.platform == "gpu")
         cfg = config_of(args)  # bad settings fail before a framework is imported
+        results.check_writable(args.results)  # before hours of training, not after
         if before_import is not None:
             before_import(plan)
         try:
@@ -111,13 +119,18 @@ def run(
         module.main(args, plan, cfg)
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return EXIT_DIVERGED if isinstance(e, training.Diverged) else EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("interrupted; no record written", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return 0
 
 
 def make_record(framework, args, plan, cfg, device_names, framework_versions, **fields):
     """A results record with the run's settings, environment and commit filled in."""
     versions, hardware = results.environment(framework_versions)
+    if args.workload in ("lenet", "resnet18"):  # which copy of Fashion-MNIST the run read
+        fields["extra"] = {**fields.get("extra", {}), "data_dir": str(data.find_dir())}
     return results.Record(
         framework=framework,
         workload=args.workload,
@@ -136,8 +149,11 @@ def make_record(framework, args, plan, cfg, device_names, framework_versions, **
 
 
 def save(rec: results.Record, path, plan: devices.DevicePlan) -> None:
-    """Append the record, then print the run's throughput and d2l's closing line."""
+    """Append the record, then print the run's throughput and d2l's closing line; a run that
+    diverged is recorded as such (what it measured kept), then ends with one line."""
     results.append(rec, path)
+    if rec.diverged_at_epoch is not None:
+        raise training.Diverged(rec.diverged_at_epoch, rec.train_loss[-1])
     print(f"{rec.images_per_sec:.1f} images/sec ({rec.strategy})")
     median = rec.sec_per_epoch["median"]
     print(final_line(rec.test_acc, median, plan, rec.extrapolated), flush=True)

@@ -8,6 +8,7 @@ Values that depend on the device count (resnet18 batch and lr) are resolved by `
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 PRESETS = ("smoke", "cpu", "full")
@@ -142,8 +143,9 @@ def validate(cfg) -> None:
         value = getattr(cfg, name, None)
         if value is not None and value < 1:
             raise ConfigError(f"{name} must be at least 1, got {value}")
-    if getattr(cfg, "lr", 1.0) <= 0:
-        raise ConfigError(f"lr must be positive, got {cfg.lr}")
+    lr = getattr(cfg, "lr", 1.0)
+    if not math.isfinite(lr) or lr <= 0:  # `nan <= 0` is False: nan needs its own test
+        raise ConfigError(f"lr must be a positive finite number, got {lr}")
     if isinstance(cfg, Resnet50Config):
         check_split_size(cfg.split_size, cfg.batch_size)
 
@@ -180,6 +182,11 @@ def check_divisible(batch_size: int, n_devices: int) -> None:
 def check_epoch_split(n_train: int, batch_size: int, n_devices: int) -> None:
     """Every batch of an epoch splits evenly over the devices, the last (partial) one included:
     the rule of this project, so no sample is ever dropped from the gradient."""
+    if batch_size > n_train:
+        raise ConfigError(
+            f"batch size {batch_size} is larger than the {n_train} training images; "
+            f"choose at most {n_train}"
+        )
     check_divisible(batch_size, n_devices)
     last = n_train % batch_size
     if last % n_devices:

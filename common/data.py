@@ -99,7 +99,16 @@ def search_dirs() -> list[Path]:
 
 
 def find_dir(names=None) -> Path | None:
+    """The first folder that holds every file; an explicit FASHION_MNIST_DIR must."""
     names = names or [spec.name for spec in FILES.values()]
+    explicit = os.environ.get("FASHION_MNIST_DIR")
+    if explicit:
+        missing = [n for n in names if not (Path(explicit) / n).is_file()]
+        if missing:
+            raise DatasetError(
+                f"FASHION_MNIST_DIR={explicit} does not hold {', '.join(missing)}; point it at a "
+                "folder with the four .gz files, or unset it to search the usual places"
+            )
     for d in search_dirs():
         if all((d / n).is_file() for n in names):
             return d

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import json
+import math
 import os
 import platform
 import subprocess
@@ -54,6 +55,7 @@ class Record:
     extrapolated: bool = False  # True: the epoch time is projected from fewer steps
     steps_timed: int | None = None  # steps actually run per epoch when extrapolated
     split_size: int | None = None
+    diverged_at_epoch: int | None = None  # the epoch whose loss went non-finite; training stopped
     extra: dict = field(default_factory=dict)  # workload-specific: memory, utilisation, ...
     versions: dict = field(default_factory=dict)
     hardware: dict = field(default_factory=dict)
@@ -89,7 +91,8 @@ def append(record: Record, path: str | os.PathLike = DEFAULT_PATH) -> Path:
     """Append `record` as one line: one locked O_APPEND write, so never a half line."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    line = (json.dumps(record.to_dict(), sort_keys=True, allow_nan=False) + "\n").encode()
+    # A diverged run's nan/inf become null: JSON has no such numbers, and the record is kept.
+    line = (json.dumps(_finite(record.to_dict()), sort_keys=True, allow_nan=False) + "\n").encode()
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -104,6 +107,34 @@ def append(record: Record, path: str | os.PathLike = DEFAULT_PATH) -> Path:
     finally:
         os.close(fd)  # closing releases the lock
     return path
+
+
+def _finite(value):
+    """`value` with every non-finite float (nan, inf) replaced by None, at any depth."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def check_writable(path) -> None:
+    """Refuse, before any training, a results path that could not be appended to."""
+    path = Path(path)
+    parent = next((p for p in path.parents if p.exists()), Path("."))
+    problem = None
+    if path.exists() and not path.is_file():
+        problem = "is not a file"
+    elif path.exists() and not os.access(path, os.W_OK):
+        problem = "is not writable"
+    elif not parent.is_dir():
+        problem = f"cannot be created: {parent} is not a folder"
+    elif not os.access(parent, os.W_OK | os.X_OK):
+        problem = f"cannot be created: {parent} is not writable"
+    if problem:
+        raise ResultsError(f"results file {path} {problem}; choose another --results (RESULTS=)")
 
 
 def load(paths, skip_bad: bool = False, warnings: list[str] | None = None) -> list[Record]:

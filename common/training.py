@@ -5,7 +5,16 @@ its record. Framework-free, so the framework files keep only what differs betwee
 
 from __future__ import annotations
 
+import math
+
 from common import config, timing
+
+
+class Diverged(RuntimeError):
+    """Training went non-finite: raised after the run's record (marked diverged) is saved."""
+
+    def __init__(self, epoch: int, loss):
+        super().__init__(f"training diverged at epoch {epoch}: loss {loss}; lower --lr")
 
 
 def choose_strategy(workload: str, framework: str, requested: str | None, available) -> str:
@@ -27,7 +36,8 @@ def choose_strategy(workload: str, framework: str, requested: str | None, availa
 class EpochLog:
     """Per-epoch loss, accuracy and time; prints d2l's line for each epoch (unless `quiet`: the
     other ranks of a multi-process run). `full_steps` is an epoch's length: an epoch that ran
-    fewer steps has its time extrapolated to it (the `cpu` preset's bounded epochs)."""
+    fewer steps has its time extrapolated to it (the `cpu` preset's bounded epochs). An epoch
+    whose loss is not finite sets `diverged` (its number): the loop stops there."""
 
     def __init__(self, epochs: int, full_steps: int, quiet: bool = False):
         self.epochs, self.full_steps, self.quiet = epochs, full_steps, quiet
@@ -37,6 +47,7 @@ class EpochLog:
         self.timed_steps: list[int] = []
         self.images = 0
         self.timed_seconds = 0.0
+        self.diverged: int | None = None
 
     def add(self, train_loss: float, test_acc: float, seconds: float, steps: int, images: int):
         self.train_loss.append(train_loss)
@@ -45,6 +56,8 @@ class EpochLog:
         self.timed_steps.append(steps)
         self.images += images
         self.timed_seconds += seconds
+        if not math.isfinite(train_loss):
+            self.diverged = len(self.train_loss)
         if not self.quiet:
             print(
                 f"epoch {len(self.train_loss)}/{self.epochs}: train loss {train_loss:.4f}, "
@@ -68,4 +81,5 @@ class EpochLog:
             "train_loss": self.train_loss,
             "extrapolated": self.extrapolated,
             "steps_timed": self.timed_steps[-1] if self.extrapolated else None,
+            "diverged_at_epoch": self.diverged,
         }

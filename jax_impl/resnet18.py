@@ -264,6 +264,8 @@ def train(net, cfg, ds, devs, strategy, sampler=None, no_progress=False):
         mean_loss = sum(float(np.mean(l)) * k for l, k in losses) / seen
         acc = _accuracy(correct, state, x_test, y_test, len(ds[3]), n, place)
         log.add(mean_loss, acc, timer.times[-1], len(steps), seen)
+        if log.diverged:  # a non-finite loss: stop, and record what was measured
+            break
     return log, timer
 
 

@@ -190,6 +190,8 @@ def train(net, cfg, ds, devs, strategy, sampler=None, no_progress=False):
         )
         loss = sum(float(loss.asscalar()) for loss in losses) / seen
         log.add(loss, float(correct) / len(ds[3]), timer.times[-1], len(steps), seen)
+        if log.diverged:  # a non-finite loss: stop, and record what was measured
+            break
     return log, timer
 
 

@@ -10,9 +10,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
+from common import cli
+
 ROOT = Path(__file__).resolve().parent.parent
+ERROR_FILE_ENV = "MULTIDEVICE_WORKER_ERROR_FILE"  # where a worker leaves its one-line error
 
 
 def torchrun(module: str, argv: list[str], nproc: int, what: str) -> None:
@@ -25,9 +29,32 @@ def torchrun(module: str, argv: list[str], nproc: int, what: str) -> None:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     cmd += [f"--nproc-per-node={nproc}", "--monitor-interval=0.5", "-m", module, *argv]
-    rc = subprocess.run(cmd, env=env, cwd=ROOT).returncode
-    if rc != 0:
-        raise SystemExit(
-            f"error: {what} failed: a worker exited with an error (torchrun exit {rc}); "
-            "see the worker output above"
-        )
+    with tempfile.TemporaryDirectory() as tmp:
+        env[ERROR_FILE_ENV] = str(Path(tmp) / "error.txt")
+        rc = subprocess.run(cmd, env=env, cwd=ROOT).returncode
+        if rc == 0:
+            return
+        # A worker's own error is the line to end on, not torchrun's summary of it.
+        said = Path(env[ERROR_FILE_ENV])
+        if said.is_file():
+            raise SystemExit(said.read_text().strip())
+    raise SystemExit(
+        f"error: {what} failed: a worker exited with an error (torchrun exit {rc}); "
+        "see the worker output above"
+    )
+
+
+def worker_main(entry, argv: list[str]) -> None:
+    """Run a worker's `entry(argv)`: a user error is one line (and is left for the launcher to
+    end on), Ctrl-C ends quietly; the exit code tells torchrun."""
+    try:
+        entry(argv)
+    except cli.USER_ERRORS as e:
+        line = f"error: {e}"
+        print(line, file=sys.stderr)
+        if os.environ.get(ERROR_FILE_ENV):
+            with open(os.environ[ERROR_FILE_ENV], "a") as f:
+                f.write(line + "\n")
+        sys.exit(cli.EXIT_DIVERGED if isinstance(e, cli.training.Diverged) else 2)
+    except KeyboardInterrupt:
+        sys.exit(cli.EXIT_INTERRUPTED)

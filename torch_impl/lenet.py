@@ -127,6 +127,8 @@ def train(cfg, devices, train_data, test_data, no_progress=False):
                 total += train_batch(X[idx], y[idx], device_params, devices, cfg.lr)
         acc = evaluate(device_params, *test_data, devices, cfg.batch_size)
         log.add(float(total) / len(y), acc, timer.times[-1], len(batches), len(y))
+        if log.diverged:  # a non-finite loss: stop, and record what was measured
+            break
     return device_params, log, timer
 
 

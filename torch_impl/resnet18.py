@@ -210,6 +210,8 @@ def train(net, cfg, ds, devs, strategy, sampler=None, no_progress=False, amp=Fal
             dist.all_reduce(total)
         acc = _test_accuracy(net, x_test, y_test, max(256, cfg.batch_size), amp, rank, world)
         log.add(float(total) / seen, acc, timer.times[-1], len(steps), seen)
+        if log.diverged:  # a non-finite loss: stop, and record what was measured
+            break
     return log, timer
 
 
@@ -363,8 +365,4 @@ def ddp_worker(argv):
 
 
 if __name__ == "__main__":  # the DDP worker entry, started by torchrun (see the docstring)
-    try:
-        ddp_worker(sys.argv[1:])
-    except cli.USER_ERRORS as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(cli.EXIT_BAD_INPUT)
+    launch.worker_main(ddp_worker, sys.argv[1:])

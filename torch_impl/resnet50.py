@@ -348,4 +348,4 @@ def _run_schedule(schedule, stage_module, cfg, rank, world, device):
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--pipelining-worker"]:
-    pipelining_worker(json.loads(sys.argv[2]))
+    launch.worker_main(lambda argv: pipelining_worker(json.loads(argv[0])), sys.argv[2:])
