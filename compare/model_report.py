@@ -162,7 +162,12 @@ def fmt_percent(x: float) -> str:
 
 def errors_table(fits: list[RowFit]) -> Table:
     """One line per framework: both models' held-out errors and the verdict."""
-    headers = ["framework", "pipelined: held-out error", "serial: held-out error", "model used"]
+    headers = [
+        "resnet50 sweep",
+        "pipelined: held-out error",
+        "serial: held-out error",
+        "model used",
+    ]
     body = [
         [f.row.framework]
         + [fmt_error(f.selection.fits.get(k)) for k in (pm.PIPELINED, pm.SERIAL)]

@@ -152,7 +152,7 @@ def test_pipeline_model_section(built):
     jax = text.split("**jax**", 1)[1]
     assert "pipelined: a = 2, o = 20 ms per micro-batch; held-out error (mean / max) 0.0% / " in jax
     assert "mxnet: no split_size sweep" in text
-    errors = text.split("| framework | pipelined: held-out error |", 1)[1].split("\n\n")[0]
+    errors = text.split("| resnet50 sweep | pipelined: held-out error |", 1)[1].split("\n\n")[0]
     assert "| torch | 0.6% / 2.0% |" in errors and "| jax | 0.0% / 0.0% |" in errors
 
 
@@ -285,7 +285,7 @@ def test_committed_records_of_two_machines_give_one_page(tmp_path):
     gpu = section(md, "1 x NVIDIA H100 80GB HBM3, preset full")
     assert "| torch | scratch | gpu | full | 0.835 | 0.517 ± 0.026 s (n=10) |" in gpu
     assert "| jax | scratch | cpu (virtual) | cpu | 0.823 | 34.3 ± 1.8 s (n=10) |" in cpu
-    errors = cpu.split("| framework | pipelined: held-out error |", 1)[1]
+    errors = cpu.split("| resnet50 sweep | pipelined: held-out error |", 1)[1]
     assert all(f"| {f} | " in errors for f in ("torch", "jax", "mxnet"))
     left = md.split("\n## Left out\n", 1)[1]
     assert "Older records of the same cell" in left and "Not asked for" not in left
