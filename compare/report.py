@@ -135,13 +135,17 @@ def build(paths, out, write_html=False, preset=None, platform=None, echo=print) 
         "Environments (E1, ...) are listed at the end."
     )
     doc.heading(2, "Summary: the best time on each machine")
-    doc.table(summary.summary_table(data.machines))
+    best = summary.summary_table(data.machines)
+    doc.table(best)
     sections = []
     for machine in data.machines:
         sections += machine_section(doc, machine, out, data)
     environment_section(doc, data.kept, data.envs)
     left_out_section(doc, data)
     written = write(doc, out, write_html)
+    if len(data.machines) > 1:
+        echo("\nthe best time on each machine")
+        echo(render.text_table(best))
     terminal(sections, data, written, echo)
     return 0
 

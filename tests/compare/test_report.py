@@ -271,6 +271,9 @@ def test_terminal_shows_the_main_tables(built):
         r"jax\s+scratch\s+2\s+0\.818\s+2\.50 ± 0\.10 s \(n=3\)\s+24,000\s+1\.60x", terminal
     )
     assert f"resnet50 on {CPU}" in terminal
+    assert re.search(
+        r"lenet\s+torch\s+scratch\s+5\.00 s \(2 dev\)\s+–\s+0\.500 s \(1 dev\)", terminal
+    )
     assert "18 plot(s) for 3 machine group(s); 2 record(s) left out" in terminal
 
 
