@@ -87,14 +87,10 @@ class Entry:
 
     @property
     def machine(self) -> tuple:
-        """(preset, platform, virtual, hardware model): the records of one machine group."""
+        """(preset, platform, virtual, hardware model): the records of one machine group; within
+        it, the records of one workload are comparable side by side."""
         r = self.rec
         return (r.preset, r.platform, bool(r.virtual), hardware_key(r))
-
-    @property
-    def group(self) -> tuple:
-        """Only records of one group are comparable side by side."""
-        return (self.rec.workload, *self.machine)
 
     @property
     def shares_device(self) -> bool:
@@ -135,7 +131,8 @@ def hardware_key(rec: Record) -> tuple:
 
 
 def hardware_text(key: tuple, devices: int, virtual: bool) -> str:
-    """ "1 x NVIDIA H100 80GB HBM3", "2 virtual devices on 2 CPU cores (AMD EPYC)"."""
+    """A title such as `1 x NVIDIA H100 80GB HBM3` or `2 virtual devices on 2 CPU cores (AMD
+    EPYC)`: a machine's devices, counted from its records."""
     if key[0] == "gpu":
         counts = Counter(key[1])
         return ", ".join(f"{n} x {name}" for name, n in counts.items()) or "unknown GPU"
