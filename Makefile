@@ -3,7 +3,7 @@
 #   make test                             every test suite, each in its framework's environment
 #   make numerics [NUMERICS_ISAS=AVX2]    the numerics tests, natively and with the ISA capped
 #   make bench FRAMEWORK=jax GPUS=2 [WORKLOAD=lenet] [PRESET=cpu] [PLATFORM=auto] [STRATEGY=...]
-#   make report | setup [FRAMEWORK=..] | lint | info | clean
+#   make report | readme-tables | setup [FRAMEWORK=..] | lint | info | clean
 
 SHELL := /bin/bash
 PYTHON ?= python3.11
@@ -97,6 +97,12 @@ endif
 
 report: $(VENV)/base/.stamp
 	$(VENV)/base/bin/python -m compare.report --results $(RESULTS) --out $(REPORTS) --html
+
+# The README's reference tables, rewritten from the committed records in results/ (a test fails
+# when they differ: tests/compare/test_readme.py).
+.PHONY: readme-tables
+readme-tables: $(VENV)/base/.stamp
+	$(VENV)/base/bin/python -m compare.readme
 
 # The main job: sets up what is missing, runs everything at the preset that fits the machine.
 compare: setup

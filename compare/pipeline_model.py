@@ -1,16 +1,19 @@
-"""A GPipe timing model beside the measured split_size sweep.
+"""Two timing models for the resnet50 split_size sweep, fitted to it and tested on held-out points.
 
-With p stages and m micro-batches, a pipelined batch takes about (m + p - 1) slots of the slowest
-stage's micro-batch time, max_stage / m, so the bubble is (p - 1) / (m + p - 1) of it; every
-micro-batch also costs a fixed overhead (launches, copies, a smaller and less efficient kernel).
-For one timed repeat:
+One timed repeat runs `a` batches (ideally num_batches) of m = ceil(batch_size / split_size)
+micro-batches through p stages, and every micro-batch costs a fixed overhead o (launches, copies,
+a smaller and less efficient kernel):
 
-    T(m) = a * (m + p - 1) / m * max_stage + m * overhead
+- pipelined (GPipe): the stages overlap; a batch takes about (m + p - 1) slots of the slowest
+  stage's micro-batch time max_stage / m, so the bubble is (p - 1) / (m + p - 1):
+  `T = a * (m + p - 1) / m * max_stage + m * o`
+- serial: nothing overlaps (one CPU process whose operators use every core, or both stages on
+  one GPU), so the stage times add: `T = a * sum(stages) + m * o`
 
-`max_stage` comes from the measured per-stage times (one whole batch, forward and backward, each
-stage alone); `a` (ideally the number of batches in one timed repeat: a far from it says the stages
-timed alone do not represent the pipeline) and `overhead` are fitted from two measured sweep
-points, the fewest and the most micro-batches, and the other points test the model.
+The stage times are measured (each stage alone, one whole batch, forward and backward). `a` and
+`o` are fitted by least squares on the relative error, both >= 0. Each model is tested by leaving
+one split size out at a time, refitting, and predicting it; the model with the smaller mean
+held-out error is chosen if that error is at most FIT_LIMIT, and otherwise neither.
 Projections to more stages keep the total stage work and its imbalance (max / mean).
 """
 
@@ -20,6 +23,10 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
+PIPELINED, SERIAL = "pipelined", "serial"
+KINDS = (PIPELINED, SERIAL)
+FIT_LIMIT = 0.10  # the most mean held-out error a model may have and still be said to fit
 
 
 def micro_batches(batch_size: int, split_size: int) -> int:
@@ -31,67 +38,74 @@ def bubble_fraction(m: int, p: int) -> float:
     return (p - 1) / (m + p - 1)
 
 
-def stage_time(stage_seconds: list[float], stages: int) -> float:
+def stage_time(stage_seconds, stages: int) -> float:
     """The slowest stage when the same total work is cut into `stages` stages, keeping the
     measured imbalance; for the measured number of stages it is the measured maximum."""
     t = np.asarray(stage_seconds, dtype=float)
     return float(t.max() / t.mean() * t.sum() / stages)
 
 
+def batch_work(kind: str, stage_seconds, m: int, p: int) -> float:
+    """Seconds one batch of m micro-batches takes through p stages, before the overheads."""
+    if kind == SERIAL:
+        return float(np.sum(stage_seconds))  # the same total work whatever the stage count
+    return (m + p - 1) / m * stage_time(stage_seconds, p)
+
+
+def predict(kind: str, m: int, p: int, stage_seconds, scale: float, overhead: float) -> float:
+    return scale * batch_work(kind, stage_seconds, m, p) + m * overhead
+
+
 @dataclass(frozen=True)
 class Model:
+    kind: str  # PIPELINED or SERIAL
     stage_seconds: tuple[float, ...]  # measured, per whole batch
     batch_size: int
     scale: float  # a
     overhead: float  # seconds per micro-batch and timed repeat
-    fit_splits: tuple[int, int]  # the two split sizes the fit used
-    constrained: bool = False  # the exact fit had a negative parameter: one was held at 0
+    constrained: bool = False  # the free fit had a negative parameter: one was held at 0
 
     @property
     def stages(self) -> int:
         return len(self.stage_seconds)
 
     def predict(self, split_size: int, stages: int | None = None) -> float:
-        p = stages or self.stages
         m = micro_batches(self.batch_size, split_size)
-        return predict(m, p, stage_time(self.stage_seconds, p), self.scale, self.overhead)
+        p = stages or self.stages
+        return predict(self.kind, m, p, self.stage_seconds, self.scale, self.overhead)
 
 
-def predict(m: int, p: int, max_stage: float, scale: float, overhead: float) -> float:
-    return scale * (m + p - 1) / m * max_stage + m * overhead
-
-
-def fit(stage_seconds: list[float], batch_size: int, measured: dict[int, float]) -> Model | None:
-    """Fit `a` and `overhead` to the two sweep points with the fewest and the most micro-batches
-    (`measured`: split size -> seconds). None when they do not pin the two down."""
-    if len(stage_seconds) < 2 or len(measured) < 2:
-        return None
-    by_m = sorted(measured, key=lambda s: (micro_batches(batch_size, s), -s))
-    lo, hi = by_m[0], by_m[-1]
-    m_lo, m_hi = micro_batches(batch_size, lo), micro_batches(batch_size, hi)
-    if m_lo == m_hi:
+def fit(kind: str, stage_seconds, batch_size: int, measured: dict[int, float]) -> Model | None:
+    """The model of `kind` closest (in relative error) to `measured` (split size -> seconds);
+    None when the points do not pin down two parameters (fewer than two micro-batch counts)."""
+    if len(stage_seconds) < 2:
+        return None  # one stage is not a pipeline
+    splits = sorted(measured)
+    ms = [micro_batches(batch_size, s) for s in splits]
+    if len(set(ms)) < 2:
         return None
     p = len(stage_seconds)
-    t = stage_time(stage_seconds, p)
-    rows = np.array([[(m + p - 1) / m * t, m] for m in (m_lo, m_hi)], dtype=float)
-    y = np.array([measured[lo], measured[hi]], dtype=float)
-    params = np.linalg.solve(rows, y)
+    y = np.array([measured[s] for s in splits], dtype=float)
+    rows = np.array([[batch_work(kind, stage_seconds, m, p), m] for m in ms], dtype=float)
+    rows /= y[:, None]  # relative residuals: every point counts alike, fast or slow
+    target = np.ones(len(y))
+    params = np.linalg.lstsq(rows, target, rcond=None)[0]
     constrained = bool((params < 0).any())
     if constrained:
-        params = nonnegative_fit(rows, y)
+        params = nonnegative_fit(rows, target)
     return Model(
-        tuple(float(x) for x in stage_seconds),
+        kind,
+        tuple(float(t) for t in stage_seconds),
         batch_size,
         float(params[0]),
         float(params[1]),
-        (hi, lo),
         constrained,
     )
 
 
 def nonnegative_fit(rows: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares with both parameters >= 0 when the exact solution has a negative one
-    (noisy points): the better of the fits with one parameter held at 0."""
+    """Least squares with both parameters >= 0 when the free solution has a negative one
+    (points off the model): the better of the fits with one parameter held at 0."""
     best, best_residual = np.zeros(2), float(np.sum(y * y))
     for j in (0, 1):
         col = rows[:, j]
@@ -104,16 +118,70 @@ def nonnegative_fit(rows: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def errors(model: Model, measured: dict[int, float]) -> dict[int, float]:
-    """Relative error (predicted - measured) / measured of every sweep point."""
+    """Relative error (predicted - measured) / measured of every point, by the model fitted to
+    all of them."""
     return {s: (model.predict(s) - t) / t for s, t in sorted(measured.items())}
 
 
-def held_out_error(model: Model, measured: dict[int, float]) -> tuple[float, float] | None:
-    """(mean, max) absolute relative error over the points the fit did not use."""
-    errs = [abs(e) for s, e in errors(model, measured).items() if s not in model.fit_splits]
-    if not errs:
+@dataclass(frozen=True)
+class Fit:
+    model: Model  # fitted to every point
+    held_out: dict[int, float]  # split size -> relative error of the fit made without it
+
+    @property
+    def mean_error(self) -> float | None:
+        values = [abs(e) for e in self.held_out.values()]
+        return float(np.mean(values)) if values else None
+
+    @property
+    def max_error(self) -> float | None:
+        return max((abs(e) for e in self.held_out.values()), default=None)
+
+
+def cross_validate(kind: str, stage_seconds, batch_size: int, measured: dict[int, float]):
+    """The fit to every point, and each point's error when it is left out of the fit."""
+    model = fit(kind, stage_seconds, batch_size, measured)
+    if model is None:
         return None
-    return float(np.mean(errs)), float(np.max(errs))
+    held_out = {}
+    for split in sorted(measured):
+        rest = {s: t for s, t in measured.items() if s != split}
+        without = fit(kind, stage_seconds, batch_size, rest)
+        if without is not None:
+            held_out[split] = (without.predict(split) - measured[split]) / measured[split]
+    return Fit(model, held_out)
+
+
+@dataclass(frozen=True)
+class Selection:
+    fits: dict[str, Fit]  # kind -> fit
+    best: str | None  # the kind with the smaller mean held-out error (None: nothing held out)
+    limit: float
+
+    @property
+    def chosen(self) -> str | None:
+        """The best kind if its mean held-out error is within the limit: the model to use."""
+        if self.best is None or self.fits[self.best].mean_error > self.limit:
+            return None
+        return self.best
+
+    @property
+    def model(self) -> Model | None:
+        return None if self.chosen is None else self.fits[self.chosen].model
+
+
+def select(stage_seconds, batch_size: int, measured: dict[int, float], limit=FIT_LIMIT):
+    """Both models fitted and tested on `measured`; None when neither can be fitted."""
+    fits = {}
+    for kind in KINDS:
+        result = cross_validate(kind, stage_seconds, batch_size, measured)
+        if result is not None:
+            fits[kind] = result
+    if not fits:
+        return None
+    tested = [k for k in KINDS if k in fits and fits[k].held_out]
+    best = min(tested, key=lambda k: fits[k].mean_error, default=None)
+    return Selection(fits, best, limit)
 
 
 def best_split(model: Model, split_sizes, stages: int | None = None) -> int:

@@ -12,6 +12,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from compare import pipeline_model
+from compare.model_report import RowFit
 from compare.tables import DpRow, R50Row, device_counts
 
 COLORS = {"torch": "#ee4c2c", "jax": "#4a7bd0", "mxnet": "#2ca02c"}
@@ -174,7 +175,7 @@ def sweep(path: Path, title: str, rows: list[R50Row]) -> Path | None:
             marker=MARKERS[i % len(MARKERS)],
             capsize=3,
             color=_color(row.framework, i),
-            label=row.framework,
+            label=row.framework + (" (stages share one device)" if any_shared(es) else ""),
         )
         single = row.runs.get("single")
         if single is not None:
@@ -187,57 +188,66 @@ def sweep(path: Path, title: str, rows: list[R50Row]) -> Path | None:
     return _save(fig, path)
 
 
-def model_plot(
-    path: Path, title: str, fits: list[tuple[R50Row, pipeline_model.Model]], stages=(4, 8)
-) -> Path | None:
-    """Left: model against measurement. Right: the model projected to more stages."""
+def model_plot(path: Path, title: str, fits: list[RowFit], stages=(4, 8)) -> Path | None:
+    """Left: the measured sweep, and the model the data supports where one fits. Right (when a
+    pipelined model is used): that model projected to more stages."""
     if not fits:
         return None
-    fig = _figure(11, 4.5)
-    left, right = fig.subplots(1, 2)
-    for i, (row, model) in enumerate(fits):
-        color = _color(row.framework, i)
-        splits = sorted(row.sweep)
+    pipelined = [f for f in fits if f.selection.chosen == pipeline_model.PIPELINED]
+    fig = _figure(11 if pipelined else 6.5, 4.5)
+    axes = fig.subplots(1, 2) if pipelined else [fig.subplots(1, 1)]
+    left = axes[0]
+    for i, f in enumerate(fits):
+        color = _color(f.row.framework, i)
+        splits = sorted(f.measured)
+        model = f.selection.model
+        label = f"{f.row.framework} measured" + ("" if model else " (no model fits)")
+        left.plot(splits, [f.measured[s] for s in splits], "o", color=color, label=label)
+        if model is not None:
+            dense = dense_splits(model.batch_size)
+            left.plot(
+                dense,
+                [model.predict(s) for s in dense],
+                "-",
+                color=color,
+                label=f"{f.row.framework} {model.kind} model",
+            )
+    left.set_title("measured sweep and the model it supports")
+    if pipelined:
+        _projection_axis(axes[1], pipelined, stages)
+    for ax in axes:
+        _split_axis(ax, sorted({s for f in fits for s in f.measured}))
+        ax.set_xlabel("split_size (log scale)")
+        ax.set_ylabel("seconds per timed repeat")
+        ax.legend(fontsize="small")
+    fig.suptitle(title)
+    return _save(fig, path)
+
+
+def _projection_axis(ax, fits: list[RowFit], stages) -> None:
+    for i, f in enumerate(fits):
+        model, color = f.selection.model, _color(f.row.framework, i)
         dense = dense_splits(model.batch_size)
-        left.plot(
-            splits,
-            [row.sweep[s].median for s in splits],
-            "o",
-            color=color,
-            label=f"{row.framework} measured",
-        )
-        left.plot(
+        ax.plot(
             dense,
             [model.predict(s) for s in dense],
             "-",
             color=color,
-            label=f"{row.framework} model ({model.stages} stages)",
-        )
-        right.plot(
-            dense,
-            [model.predict(s) for s in dense],
-            "-",
-            color=color,
-            label=f"{row.framework} {model.stages} stages (model)",
+            label=f"{f.row.framework} {model.stages} stages (model)",
         )
         for k, p in enumerate(stages):
-            right.plot(
+            ax.plot(
                 dense,
                 [model.predict(s, p) for s in dense],
                 linestyle=("--", ":", "-.")[k % 3],
                 color=color,
-                label=f"{row.framework} {p} stages (PROJECTION)",
+                label=f"{f.row.framework} {p} stages (PROJECTION)",
             )
-    splits = sorted({s for row, _ in fits for s in row.sweep})
-    for ax in (left, right):
-        _split_axis(ax, splits)
-        ax.set_xlabel("split_size (log scale)")
-        ax.set_ylabel("seconds per timed repeat")
-        ax.legend(fontsize="small")
-    left.set_title("GPipe model vs measured sweep")
-    right.set_title("projection to more stages (not measured)")
-    fig.suptitle(title)
-    return _save(fig, path)
+    ax.set_title("projection to more stages (not measured)")
+
+
+def any_shared(entries) -> bool:
+    return any(e.shares_device for e in entries)
 
 
 def _split_axis(ax, splits) -> None:

@@ -1,5 +1,6 @@
-"""The records a report is made of: read them, check them, keep the newest per cell, and pick
-the comparable ones (same workload, preset, platform, virtual or not).
+"""The records a report is made of: read them, check them, keep the newest per cell, and sort
+them into comparable groups: one machine group per preset, platform (virtual or not) and hardware
+model, and within it one group per workload.
 
 Everything left out is kept with the reason, so the report can say what it did not show.
 """
@@ -7,6 +8,8 @@ Everything left out is kept with the reason, so the report can say what it did n
 from __future__ import annotations
 
 import math
+import re
+from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,6 +25,9 @@ STRATEGY_ORDER = {
     "resnet50": ("single", "model_parallel", "pipeline", "gpipe", "1f1b"),
 }
 _OLDEST = datetime.min.replace(tzinfo=UTC)
+# extra[SHARED_DEVICE] = true: a resnet50 record whose stages all ran on one device (a 1-GPU
+# machine): it measures the per-micro-batch overhead, not overlap
+SHARED_DEVICE = "stages_share_device"
 
 
 @dataclass(frozen=True, eq=False)
@@ -75,19 +81,29 @@ class Entry:
             r.preset,
             r.split_size,
             self.sweep,
+            self.shares_device,
+            hardware_key(r),
         )
 
     @property
-    def group(self) -> tuple:
-        """Only records of one group are comparable side by side."""
-        return (self.rec.workload, self.rec.preset, self.rec.platform, bool(self.rec.virtual))
+    def machine(self) -> tuple:
+        """(preset, platform, virtual, hardware model): the records of one machine group; within
+        it, the records of one workload are comparable side by side."""
+        r = self.rec
+        return (r.preset, r.platform, bool(r.virtual), hardware_key(r))
+
+    @property
+    def shares_device(self) -> bool:
+        return isinstance(self.rec.extra, dict) and self.rec.extra.get(SHARED_DEVICE) is True
 
     def describe(self) -> str:
         r = self.rec
         split = f", split {r.split_size}" if r.split_size is not None else ""
         sweep = " (sweep)" if self.sweep else ""
+        shared = ", stages share one device" if self.shares_device else ""
         return (
-            f"{r.framework} {r.workload} {self.label}{sweep}{split}, {r.devices} device(s), "
+            f"{r.framework} {r.workload} {self.label}{sweep}{split}, "
+            f"{r.devices} device(s){shared}, "
             f"{platform_text(r.platform, r.virtual)}, preset {r.preset}, "
             f"{r.timestamp or 'no timestamp'} ({self.source})"
         )
@@ -103,9 +119,88 @@ def platform_text(platform: str, virtual: bool) -> str:
     return f"{platform} (virtual)" if virtual else platform
 
 
-def group_text(group: tuple) -> str:
-    workload, preset, platform, virtual = group
-    return f"{workload}, preset {preset}, {platform_text(platform, virtual)}"
+def hardware_key(rec: Record) -> tuple:
+    """The hardware model: the GPUs' names on a GPU, else the CPU and its core count."""
+    hw = rec.hardware if isinstance(rec.hardware, dict) else {}
+    if rec.platform == "gpu":
+        gpus = hw.get("gpus") if isinstance(hw.get("gpus"), list) else []
+        names = (g.get("name", "?") if isinstance(g, dict) else str(g) for g in gpus)
+        return ("gpu", tuple(sorted(map(str, names))))
+    cores = hw.get("cpu_count")
+    return ("cpu", str(hw.get("cpu") or "unknown CPU"), cores if _positive(cores) else None)
+
+
+def hardware_text(key: tuple, devices: int, virtual: bool) -> str:
+    """A title such as `1 x NVIDIA H100 80GB HBM3` or `2 virtual devices on 2 CPU cores (AMD
+    EPYC)`: a machine's devices, counted from its records."""
+    if key[0] == "gpu":
+        counts = Counter(key[1])
+        return ", ".join(f"{n} x {name}" for name, n in counts.items()) or "unknown GPU"
+    _, cpu, cores = key
+    where = f"{cores} CPU cores ({cpu})" if cores else cpu
+    if not virtual:
+        return where
+    return f"{devices} virtual device{'s' if devices != 1 else ''} on {where}"
+
+
+@dataclass
+class Machine:
+    """The records of one preset, platform and hardware model: one section of the report."""
+
+    key: tuple  # Entry.machine
+    entries: list[Entry]
+    slug: str = ""  # a file-name-safe name, unique among the report's machines
+
+    @property
+    def preset(self) -> str:
+        return self.key[0]
+
+    @property
+    def platform(self) -> str:
+        return self.key[1]
+
+    @property
+    def virtual(self) -> bool:
+        return self.key[2]
+
+    @property
+    def hardware(self) -> str:
+        devices = max(e.rec.devices for e in self.entries)
+        return hardware_text(self.key[3], devices, self.virtual)
+
+    @property
+    def title(self) -> str:
+        return f"{self.hardware}, preset {self.preset}"
+
+    def workload(self, name: str) -> list[Entry]:
+        return [e for e in self.entries if e.rec.workload == name]
+
+
+def machines(
+    entries: list[Entry], preset: str | None = None, platform: str | None = None
+) -> tuple[list[Machine], list[LeftOut]]:
+    """The machine groups, in the order their first records were read; records of another
+    preset or platform than the one asked for are left out, with the reason."""
+    asked = ", ".join(
+        x for x in (preset and f"preset {preset}", platform and f"platform {platform}") if x
+    )
+    groups: dict[tuple, list[Entry]] = {}
+    left = []
+    for e in sorted(entries, key=lambda e: e.order):
+        if (preset and e.rec.preset != preset) or (platform and e.rec.platform != platform):
+            left.append(LeftOut(e, f"not {asked}"))
+        else:
+            groups.setdefault(e.machine, []).append(e)
+    out = [Machine(key, group) for key, group in groups.items()]
+    slugs: set[str] = set()
+    for m in out:
+        base = re.sub(r"[^a-z0-9]+", "-", m.title.lower()).strip("-") or "machine"
+        m.slug, i = base, 1
+        while m.slug in slugs:  # two titles alike (an unnamed GPU, say): keep the files apart
+            i += 1
+            m.slug = f"{base}-{i}"
+        slugs.add(m.slug)
+    return out, left
 
 
 def parse_time(text: str) -> datetime:
@@ -196,36 +291,6 @@ def newest(entries: list[Entry]) -> tuple[list[Entry], list[LeftOut]]:
             older.append(LeftOut(e, f"superseded by the newer record of {same[-1].rec.timestamp}"))
     kept.sort(key=lambda e: e.order)
     return kept, older
-
-
-def choose_group(
-    entries: list[Entry], workload: str, preset: str | None = None, platform: str | None = None
-) -> tuple[tuple | None, list[Entry], list[LeftOut]]:
-    """The comparable group shown for `workload`: the one asked for, else the one with the most
-    cells (ties: the newest). Records of other groups are left out, with the reason."""
-    mine = [e for e in entries if e.rec.workload == workload]
-    groups: dict[tuple, list[Entry]] = {}
-    for e in mine:
-        groups.setdefault(e.group, []).append(e)
-    wanted = [
-        g
-        for g in groups
-        if (preset is None or g[1] == preset) and (platform is None or g[2] == platform)
-    ]
-    if not wanted:
-        asked = ", ".join(
-            x for x in (preset and f"preset {preset}", platform and f"platform {platform}") if x
-        )
-        return None, [], [LeftOut(e, f"not {asked}") for e in mine]
-    best = max(wanted, key=lambda g: (len(groups[g]), max(e.time for e in groups[g])))
-    left = [
-        LeftOut(
-            e, f"not comparable: {group_text(e.group)} differs from the table's {group_text(best)}"
-        )
-        for e in mine
-        if e.group != best
-    ]
-    return best, groups[best], left
 
 
 def sort_key(workload: str):

@@ -105,7 +105,9 @@ def markdown_table(t: Table) -> str:
     lines += ["| " + " | ".join(map(_cell, row)) + " |" for row in t.rows]
     text = "\n".join(lines)
     if t.notes:
-        text += "\n\n" + "\n".join(f"> {note}  " for note in t.notes)
+        # a note opening with "* " (the extrapolated mark) would be a list item: escape it
+        notes = ("\\" + n if n.startswith("* ") else n for n in t.notes)
+        text += "\n\n" + "\n".join(f"> {note}  " for note in notes)
     return text
 
 

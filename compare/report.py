@@ -2,7 +2,8 @@
 
 Reads results files (docs/design.md) and nothing else; writes `report.md` (and with --html a
 self-contained `report.html`) and PNG plots into --out, and prints the main tables.
-Only comparable records stand side by side; the report lists every record it left out and why.
+Records of every machine are shown: a summary of the best times on each, then a section per
+comparable group (preset, platform, hardware); the report lists every record it left out and why.
 """
 
 from __future__ import annotations
@@ -13,14 +14,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from compare import pipeline_model, records, render, tables
-from compare.records import Entry, LeftOut
+from compare import model_report, records, render, summary, tables
+from compare.records import Entry, LeftOut, Machine
 from compare.render import Doc
 from compare.tables import R50Row, Table
 
 EXIT_NO_RESULTS = 1
 EXIT_BAD_INPUT = 2
-PROJECTED_STAGES = (4, 8)
 MAX_WARNINGS_SHOWN = 10
 HEADINGS = {
     "lenet": "lenet: data parallel from scratch (d2l 13.5)",
@@ -40,12 +40,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", default="reports", help="directory for report.md and plots")
     p.add_argument("--html", action="store_true", help="also write a self-contained report.html")
-    p.add_argument("--preset", default=None, help="show this preset (default: the most complete)")
+    p.add_argument("--preset", default=None, help="show only this preset (default: every one)")
     p.add_argument(
         "--platform",
         default=None,
         choices=("auto", "cpu", "gpu"),
-        help="show this platform (default auto: the most complete)",
+        help="show only this platform (default auto: every one)",
     )
     return p
 
@@ -63,9 +63,57 @@ def main(argv: list[str] | None = None) -> int:
 
 
 @dataclass
+class Loaded:
+    """The records read, and what became of each: shown (in a machine group) or left out."""
+
+    read: list[Entry]
+    warnings: list[str]
+    invalid: list[LeftOut]
+    superseded: list[LeftOut]
+    left: list[LeftOut]  # not asked for (--preset, --platform), or another record in its place
+    kept: list[Entry]
+    machines: list[Machine]
+    envs: dict[str, str]
+
+    def left_out(self) -> int:
+        return len(self.invalid) + len(self.superseded) + len(self.left)
+
+
+def load(paths, preset=None, platform=None) -> Loaded | None:
+    """Every record of `paths`, sorted into machine groups; None (and one line on stderr) when
+    nothing can be shown."""
+    warnings: list[str] = []
+    entries = records.read(paths, warnings)
+    valid, invalid = records.check(entries)
+    kept, superseded = records.newest(valid)
+    machines, left = records.machines(kept, preset, platform)
+    files = ", ".join(map(str, paths))
+    if not machines and left:
+        asked = left[0].reason.removeprefix("not ")
+        there = sorted({f"preset {x.entry.rec.preset} on {x.entry.rec.platform}" for x in left})
+        print(
+            f"error: none of the {len(left)} usable record(s) in {files} is {asked} "
+            f"(there are: {'; '.join(there)})",
+            file=sys.stderr,
+        )
+        return None
+    if not machines:
+        problems = warnings + [f"{x.entry.describe()}: {x.reason}" for x in invalid]
+        why = f"{len(problems)} problem(s); first: {problems[0]}" if problems else "no records"
+        print(
+            f"error: no usable results in {files} ({why}); "
+            "run `make compare` or `make bench` first",
+            file=sys.stderr,
+        )
+        return None
+    envs = records.environments(kept)
+    return Loaded(entries, warnings, invalid, superseded, left, kept, machines, envs)
+
+
+@dataclass
 class Section:
+    machine: Machine
     workload: str
-    group: tuple | None
     entries: list[Entry]
     table: Table | None = None
     terminal: Table | None = None
@@ -74,42 +122,35 @@ class Section:
 
 def build(paths, out, write_html=False, preset=None, platform=None, echo=print) -> int:
     out = Path(out)
-    warnings: list[str] = []
-    entries = records.read(paths, warnings)
-    valid, invalid = records.check(entries)
-    if not valid:
-        problems = warnings + [f"{x.entry.describe()}: {x.reason}" for x in invalid]
-        why = f"{len(problems)} problem(s); first: {problems[0]}" if problems else "no records"
-        print(
-            f"error: no usable results in {', '.join(map(str, paths))} ({why}); "
-            "run `make compare` or `make bench` first",
-            file=sys.stderr,
-        )
+    data = load(paths, preset, platform)
+    if data is None:
         return EXIT_NO_RESULTS
-    kept, superseded = records.newest(valid)
-    envs = records.environments(kept)
     doc = Doc()
     doc.heading(1, TITLE)
     doc.para(
         f"Generated {datetime.now(UTC).isoformat(timespec='seconds')} from "
-        f"{', '.join(f'`{p}`' for p in paths)}: {len(entries)} record(s) read, "
-        f"{len(superseded)} superseded by newer ones, {len(invalid)} unusable, "
-        f"{len(warnings)} warning(s). Environments (E1, ...) are listed at the end."
+        f"{', '.join(f'`{p}`' for p in paths)}: {len(data.read)} record(s) read, "
+        f"{len(data.superseded)} superseded by newer ones, {len(data.invalid)} unusable, "
+        f"{len(data.warnings)} warning(s); {len(data.machines)} machine group(s). "
+        "Environments (E1, ...) are listed at the end."
     )
-    left: list[LeftOut] = []
+    doc.heading(2, "Summary: the best time on each machine")
+    best = summary.summary_table(data.machines)
+    doc.table(best)
     sections = []
-    for workload in records.WORKLOADS:
-        group, chosen, other = records.choose_group(kept, workload, preset, platform)
-        left += other
-        section = Section(workload, group, chosen)
-        if workload == "resnet50":
-            left += resnet50_section(doc, section, out, envs)
-        else:
-            dp_section(doc, section, out, envs)
-        sections.append(section)
-    environment_section(doc, kept, envs)
-    left_out_section(doc, warnings, invalid, superseded, left)
+    for machine in data.machines:
+        sections += machine_section(doc, machine, out, data)
+    environment_section(doc, data.kept, data.envs)
+    left_out_section(doc, data)
+    written = write(doc, out, write_html)
+    if len(data.machines) > 1:
+        echo("\nthe best time on each machine")
+        echo(render.text_table(best))
+    terminal(sections, data, written, echo)
+    return 0
 
+
+def write(doc: Doc, out: Path, write_html: bool) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     md = out / "report.md"
     md.write_text(doc.markdown(out), encoding="utf-8")
@@ -118,43 +159,60 @@ def build(paths, out, write_html=False, preset=None, platform=None, echo=print) 
         page = out / "report.html"
         page.write_text(doc.html(TITLE), encoding="utf-8")
         written.append(page)
+    return written
+
+
+def terminal(sections: list[Section], data: Loaded, written: list[Path], echo) -> None:
+    """The main tables, the first warnings, and what was written."""
     for s in sections:
-        if s.terminal is None:
-            continue
-        _, shown_preset, shown_platform, virtual = s.group
-        where = records.platform_text(shown_platform, virtual)
-        echo(f"\n{s.workload} (preset {shown_preset}, {where})")
-        echo(render.text_table(s.terminal))
+        if s.terminal is not None:
+            echo(f"\n{s.workload} on {s.machine.title}")
+            echo(render.text_table(s.terminal))
+    warnings = data.warnings
     for warning in warnings[:MAX_WARNINGS_SHOWN]:
         echo(f"warning: {warning}")
     if len(warnings) > MAX_WARNINGS_SHOWN:
         echo(f"warning: ... and {len(warnings) - MAX_WARNINGS_SHOWN} more (see the report)")
     plots = sum(len(s.figures) for s in sections)
     echo(
-        f"\nwrote {', '.join(map(str, written))} and {plots} plot(s); "
-        f"{len(left) + len(invalid) + len(superseded)} record(s) left out, "
+        f"\nwrote {', '.join(map(str, written))} and {plots} plot(s) for "
+        f"{len(data.machines)} machine group(s); {data.left_out()} record(s) left out, "
         f"{len(warnings)} warning(s) (listed in the report)"
     )
-    return 0
 
 
-def figure_caption(what: str, used: list[Entry], envs: dict[str, str]) -> str:
-    return f"{what}. Environment: {tables.env_cell(used, envs)}."
+def machine_section(doc: Doc, machine: Machine, out: Path, data: Loaded) -> list[Section]:
+    """A machine group's heading, then every workload's tables and plots."""
+    doc.heading(2, machine.title)
+    sources = sorted({e.source for e in machine.entries})
+    doc.para(
+        f"Comparable group: preset {machine.preset}, "
+        f"{records.platform_text(machine.platform, machine.virtual)}, {machine.hardware}; "
+        f"{len(machine.entries)} record(s) from {', '.join(f'`{s}`' for s in sources)}."
+    )
+    sections = []
+    for workload in records.WORKLOADS:
+        s = Section(machine, workload, machine.workload(workload))
+        if workload == "resnet50":
+            data.left += resnet50_section(doc, s, out / machine.slug, data.envs)
+        else:
+            dp_section(doc, s, out / machine.slug, data.envs)
+        sections.append(s)
+    return sections
 
 
 def dp_section(doc: Doc, s: Section, out: Path, envs: dict[str, str]) -> None:
-    doc.heading(2, HEADINGS[s.workload])
-    if s.group is None:
-        doc.para(f"No comparable {s.workload} records.")
+    doc.heading(3, HEADINGS[s.workload])
+    if not s.entries:
+        doc.para(f"No {s.workload} records in this group.")
         return
     rows = tables.dp_rows(s.entries)
     s.table = tables.dp_table(s.workload, rows, envs)
     s.terminal = tables.dp_terminal(rows)
-    doc.para(f"Comparable group: {records.group_text(s.group)}.")
     doc.table(s.table)
     extras = tables.extras_table(f"{s.workload} memory and utilisation", rows)
     if extras is not None:
-        doc.heading(3, "Memory and utilisation")
+        doc.heading(4, "Memory and utilisation")
         doc.table(extras)
     name = s.workload
     figures = [
@@ -163,177 +221,67 @@ def dp_section(doc: Doc, s: Section, out: Path, envs: dict[str, str]) -> None:
         (plots().accuracy, f"{name}_accuracy.png", f"{name}: test accuracy per epoch"),
     ]
     for draw, file, what in figures:
-        path = draw(out / file, what, rows)
-        if path is not None:
-            caption = figure_caption(what, s.entries, envs)
-            s.figures.append((path, caption))
-            doc.image(path, caption)
+        add_figure(
+            doc, s, draw(out / file, f"{what}\n{s.machine.title}", rows), what, s.entries, envs
+        )
+
+
+def add_figure(doc: Doc, s: Section, path, what: str, used: list[Entry], envs) -> None:
+    """A drawn plot (path None: nothing to draw) with its caption: what, where, environments."""
+    if path is not None:
+        caption = f"{what}; {s.machine.title}. Environment: {tables.env_cell(used, envs)}."
+        s.figures.append((path, caption))
+        doc.image(path, caption)
 
 
 def resnet50_section(doc: Doc, s: Section, out: Path, envs: dict[str, str]) -> list[LeftOut]:
-    doc.heading(2, HEADINGS[s.workload])
-    if s.group is None:
-        doc.para("No comparable resnet50 records.")
+    doc.heading(3, HEADINGS[s.workload])
+    if not s.entries:
+        doc.para("No resnet50 records in this group.")
         return []
     rows, left = tables.r50_rows(s.entries)
     s.table = tables.r50_table(s.workload, rows, envs)
     s.terminal = tables.r50_terminal(s.table)
-    doc.para(f"Comparable group: {records.group_text(s.group)}.")
     doc.table(s.table)
     shown = [e for row in rows for e in row.entries()]
     for draw, file, what in (
         (plots().r50_bars, "resnet50_strategies.png", "resnet50: seconds per timed repeat"),
         (plots().sweep, "resnet50_split_size.png", "resnet50: the split_size tradeoff"),
     ):
-        path = draw(out / file, what, rows)
-        if path is not None:
-            caption = figure_caption(what, shown, envs)
-            s.figures.append((path, caption))
-            doc.image(path, caption)
-    model_section(doc, s, rows, out, envs)
+        add_figure(doc, s, draw(out / file, f"{what}\n{s.machine.title}", rows), what, shown, envs)
+    if any(row.sweep for row in rows):
+        model_section(doc, s, rows, out, envs)
     return left
 
 
 def model_section(doc: Doc, s: Section, rows: list[R50Row], out: Path, envs) -> None:
-    doc.heading(3, "Pipeline model (GPipe) beside the measured sweep")
-    doc.para(
-        "With p stages and m micro-batches a batch takes about (m + p - 1) / m slowest-stage times "
-        "(bubble (p - 1) / (m + p - 1)) plus a fixed overhead per micro-batch: "
-        "`T = a * (m + p - 1) / m * max_stage + m * overhead`. `max_stage` is measured (each stage "
-        "alone, one whole batch, forward and backward); `a` (ideally the number of batches per "
-        "timed repeat) and `overhead` are fitted to two sweep points (the fewest and the most "
-        "micro-batches); the other points test the model. **Projections** to more stages assume "
-        "the same total stage work and imbalance, and the same overhead: they are not measured."
-    )
+    doc.heading(4, "Pipelined or serial: the sweep against two timing models")
+    doc.para(model_report.EXPLANATION)
     fits = []
     for row in rows:
-        model, text = fit_row(row)
-        if model is None:
-            doc.para(f"{row.framework}: {text}")
+        fitted, why = model_report.fit_row(row)
+        if fitted is None:
+            doc.para(f"{row.framework}: {why}")
             continue
-        fits.append((row, model))
-        doc.para(f"**{row.framework}**: {text}")
-        doc.table(model_table(row, model))
-        doc.table(projection_table(row, model))
-    if fits:
-        path = plots().model_plot(
-            out / "resnet50_pipeline_model.png", "resnet50: GPipe model", fits, PROJECTED_STAGES
-        )
-        used = [e for row, _ in fits for e in row.sweep.values()]
-        caption = figure_caption(
-            "resnet50: GPipe model vs measured sweep, and projections to "
-            + " and ".join(map(str, PROJECTED_STAGES))
-            + " stages (projections, not measured)",
-            used,
-            envs,
-        )
-        s.figures.append((path, caption))
-        doc.image(path, caption)
-
-
-def fit_row(row: R50Row) -> tuple[pipeline_model.Model | None, str]:
-    """The fitted model of one framework's sweep, and a sentence about it (or why not)."""
-    if len(row.sweep) < 2:
-        return None, "no split_size sweep with two or more points; no model."
-    batch_sizes = {e.rec.batch_size for e in row.sweep.values()}
-    if len(batch_sizes) != 1:
-        return None, f"the sweep mixes batch sizes {sorted(batch_sizes)}; no model."
-    candidates = [row.runs.get("pipeline"), row.runs.get("model_parallel")]
-    candidates += [row.sweep[k] for k in sorted(row.sweep)]
-    source = next((e for e in candidates if e is not None and stage_seconds(e)), None)
-    if source is None:
-        return None, "no record carries per-stage times (extra['stage_seconds']); no model."
-    stages = stage_seconds(source)
-    measured = {k: e.median for k, e in row.sweep.items()}
-    model = pipeline_model.fit(stages, batch_sizes.pop(), measured)
-    if model is None:
-        return None, "the sweep's points all have the same number of micro-batches; no model."
-    held = pipeline_model.held_out_error(model, measured)
-    error = (
-        f"error on the {len(measured) - 2} other point(s): mean {100 * held[0]:.1f}%, "
-        f"max {100 * held[1]:.1f}%"
-        if held
-        else "no point left to test the model"
+        fits.append(fitted)
+        doc.para(f"**{row.framework}**: {model_report.describe(fitted)}")
+        doc.table(model_report.model_table(fitted))
+        projected = model_report.projection(fitted)
+        if isinstance(projected, Table):
+            doc.table(projected)
+        elif projected:
+            doc.para(projected)
+    if not fits:
+        return
+    doc.table(model_report.errors_table(fits))
+    stages = model_report.PROJECTED_STAGES
+    what = "resnet50: measured sweep and the model it supports (none drawn where neither fits)"
+    if any(f.selection.chosen == "pipelined" for f in fits):
+        what += ", projected to " + " and ".join(map(str, stages)) + " stages (not measured)"
+    path = plots().model_plot(
+        out / "resnet50_sweep_models.png", f"resnet50 sweep models\n{s.machine.title}", fits, stages
     )
-    where = f"split {source.rec.split_size}" if source.rec.split_size else "no split"
-    batches = source.rec.extra.get("num_batches")
-    expected = f" (num_batches {batches})" if batches else ""
-    constrained = (
-        " The exact fit gave a negative parameter, so one is held at 0: the points do not follow "
-        "the model."
-        if model.constrained
-        else ""
-    )
-    return model, (
-        f"stage times {', '.join(f'{t:.4g}' for t in stages)} s from the {source.label} record "
-        f"({where}); fitted at split sizes {model.fit_splits[0]} and {model.fit_splits[1]}: "
-        f"a = {model.scale:.3g}{expected}, overhead = {fmt_overhead(model.overhead)} per "
-        f"micro-batch; {error}.{constrained}"
-    )
-
-
-def fmt_overhead(seconds: float) -> str:
-    return f"{seconds:.3g} s" if seconds >= 1 else f"{1000 * seconds:.3g} ms"
-
-
-def stage_seconds(e: Entry) -> list[float] | None:
-    value = e.rec.extra.get("stage_seconds")
-    if (
-        isinstance(value, list)
-        and len(value) >= 2
-        and all(isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0 for t in value)
-    ):
-        return [float(t) for t in value]
-    return None
-
-
-def model_table(row: R50Row, model: pipeline_model.Model) -> Table:
-    errors = pipeline_model.errors(model, {k: e.median for k, e in row.sweep.items()})
-    body = []
-    for split in sorted(row.sweep):
-        e = row.sweep[split]
-        m = pipeline_model.micro_batches(model.batch_size, split)
-        body.append(
-            [
-                str(split) + (" (fit)" if split in model.fit_splits else ""),
-                str(m),
-                f"{100 * pipeline_model.bubble_fraction(m, model.stages):.0f}%",
-                tables.fmt_stats(e.stats, e.rec.extrapolated),
-                f"{model.predict(split):.{tables.decimals(model.predict(split))}f} s",
-                f"{round(100 * errors[split], 1) + 0.0:+.1f}%",  # no "-0.0%"
-            ]
-        )
-    headers = ["split size", "micro-batches", "bubble", "measured", "model", "error"]
-    return Table(f"{row.framework} model", headers, body)
-
-
-def projection_table(row: R50Row, model: pipeline_model.Model) -> Table:
-    stages = [model.stages, *[p for p in PROJECTED_STAGES if p > model.stages]]
-    headers = ["split size", "micro-batches"] + [
-        f"{p} stages ({'model' if p == model.stages else 'PROJECTION'})" for p in stages
-    ]
-    body = []
-    for split in sorted(row.sweep):
-        m = pipeline_model.micro_batches(model.batch_size, split)
-        cells = [str(split), str(m)]
-        for p in stages:
-            t = model.predict(split, p)
-            cells.append(f"{t:.{tables.decimals(t)}f} s")
-        body.append(cells)
-    best = [str(pipeline_model.best_split(model, row.sweep, p)) for p in stages]
-    body.append(["best split", DASH, *best])
-    return Table(
-        f"{row.framework} projection",
-        headers,
-        body,
-        [
-            f"{row.framework}: stage counts above {model.stages} are projections of the model, "
-            "not measurements."
-        ],
-    )
-
-
-DASH = tables.DASH
+    add_figure(doc, s, path, what, [e for f in fits for e in f.row.sweep.values()], envs)
 
 
 def environment_section(doc: Doc, kept: list[Entry], envs: dict[str, str]) -> None:
@@ -347,23 +295,22 @@ def environment_section(doc: Doc, kept: list[Entry], envs: dict[str, str]) -> No
     doc.table(Table("environments", ["env", "hardware; versions; commit", "used by"], body))
 
 
-def left_out_section(doc: Doc, warnings, invalid, superseded, left) -> None:
+def left_out_section(doc: Doc, data: Loaded) -> None:
     doc.heading(2, "Left out")
-    if not (warnings or invalid or superseded or left):
+    if not (data.warnings or data.left_out()):
         doc.para("Nothing: every record read is shown.")
         return
-    if warnings:
+    if data.warnings:
         doc.heading(3, "Unreadable lines and files")
-        doc.items(warnings)
-    if invalid:
-        doc.heading(3, "Unusable records")
-        doc.items([f"{x.entry.describe()}: {x.reason}" for x in invalid])
-    if superseded:
-        doc.heading(3, "Older records of the same cell (the newest is shown)")
-        doc.items([f"{x.entry.describe()}: {x.reason}" for x in superseded])
-    if left:
-        doc.heading(3, "Not comparable, or another record shown in its place")
-        doc.items([f"{x.entry.describe()}: {x.reason}" for x in left])
+        doc.items(data.warnings)
+    for heading, outs in (
+        ("Unusable records", data.invalid),
+        ("Older records of the same cell (the newest is shown)", data.superseded),
+        ("Not asked for, or another record shown in its place", data.left),
+    ):
+        if outs:
+            doc.heading(3, heading)
+            doc.items([f"{x.entry.describe()}: {x.reason}" for x in outs])
 
 
 def plots():

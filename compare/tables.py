@@ -15,6 +15,12 @@ from compare.records import Entry, LeftOut, environment_text, platform_text, sor
 
 DASH = "–"
 STAR = "*"
+SHARED = "†"  # a resnet50 record whose stages shared one device
+
+
+def shared_note(platform: str) -> str:
+    device = "GPU" if platform == "gpu" else "device"
+    return f"stages share one {device}: measures per-micro-batch overhead, not overlap"
 
 
 @dataclass
@@ -166,8 +172,6 @@ def dp_table(title: str, rows: list[DpRow], envs: dict[str, str]) -> Table:
 
 # --- resnet50 -------------------------------------------------------------------------------------
 
-R50_COLUMNS = ("single", "model_parallel", "pipeline", "gpipe", "1f1b")
-
 
 @dataclass
 class R50Row:
@@ -270,6 +274,9 @@ def r50_table(title: str, rows: list[R50Row], envs: dict[str, str]) -> Table:
     ]
     if any(e.rec.extrapolated for row in rows for e in row.entries()):
         notes.append(f"{STAR} extrapolated: projected from fewer steps than measured.")
+    shared = [e for row in rows for e in row.entries() if e.shares_device]
+    if shared:
+        notes.append(f"{SHARED} {shared_note(shared[0].rec.platform)}.")
     return Table(title, headers, body, notes)
 
 
@@ -279,7 +286,7 @@ def r50_cell(e: Entry | None, split: bool = True) -> str:
     text = fmt_stats(e.stats, e.rec.extrapolated)
     if split and e.rec.split_size is not None:
         text += f", split {e.rec.split_size}"
-    return text
+    return text + (f" {SHARED}" if e.shares_device else "")
 
 
 # --- other measurements (memory, utilisation) -----------------------------------------------------

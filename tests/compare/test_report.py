@@ -14,16 +14,34 @@ from tests.compare import fixture_records
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def table_rows(md: str, heading: str) -> dict[tuple[str, str], list[str]]:
-    """The first table after `## heading`, as {(first cell, second cell): cells}."""
-    section = md.split(f"\n## {heading}", 1)[1].split("\n", 1)[1]
-    lines = [x for x in section.split("\n\n") if x.startswith("| ")][0].splitlines()
+CPU = "2 virtual devices on 2 CPU cores (Fixture CPU), preset cpu"
+SMOKE = "1 virtual device on 2 CPU cores (Fixture CPU), preset smoke"
+GPU = "1 x Fixture GPU 80GB, preset full"
+
+
+def section(md: str, machine: str, heading: str = "") -> str:
+    """The text of `## machine` (up to the next `## `), from its `heading` on."""
+    text = md.split(f"\n## {machine}\n", 1)[1].split("\n## ", 1)[0]
+    return text.split(heading, 1)[1] if heading else text
+
+
+def table_rows(md: str, heading: str, machine: str = CPU, keys: int = 2) -> dict[tuple, dict]:
+    """The first table after `### heading` in the machine's section (`## heading`: in the whole
+    report), as {(first `keys` cells): {header: cell}}."""
+    if heading.startswith("## "):
+        text = md.split(f"\n{heading}", 1)[1]
+    else:
+        text = section(md, machine, f"\n### {heading}")
+    text = text.split("\n", 1)[1]
+    lines = (
+        [x for x in text.split("\n\n") if x.strip("\n").startswith("| ")][0].strip().splitlines()
+    )
     header = [c.strip() for c in lines[0].strip("|").split(" | ")]
     rows = {}
     for line in lines[2:]:
         cells = [c.strip() for c in line.strip("|").split(" | ")]
         assert len(cells) == len(header)
-        rows[(cells[0], cells[1])] = dict(zip(header, cells, strict=True))
+        rows[tuple(cells[:keys])] = dict(zip(header, cells, strict=True))
     return rows
 
 
@@ -89,9 +107,10 @@ def test_resnet18_table_marks_extrapolated_figures(built):
 
 def test_memory_and_utilization_table(built):
     _, md, _ = built
-    section = md.split("### Memory and utilisation", 1)[1]
-    assert "| torch | ddp | 1 | 512 | – | – |" in section
-    assert "| torch | ddp | 2 | 700 / 710 | 95 / 94 | cpu_time |" in section
+    cpu = section(md, CPU, "#### Memory and utilisation")
+    assert "| torch | ddp | 1 | 512 | – | – |" in cpu
+    assert "| torch | ddp | 2 | 700 / 710 | 95 / 94 | cpu_time |" in cpu
+    assert "| torch | ddp | 1 | – | 65 | nvml |" in section(md, GPU, "#### Memory and utilisation")
 
 
 def test_resnet50_table(built):
@@ -120,14 +139,75 @@ def test_resnet50_table(built):
 
 def test_pipeline_model_section(built):
     _, md, _ = built
-    section = md.split("### Pipeline model", 1)[1]
-    # torch's fixture sweep is the model (a=2, overhead 10 ms) with split 3 at +2%, 8 at -3%
-    assert "fitted at split sizes 1 and 24: a = 2, overhead = 10 ms per micro-batch" in section
-    assert "| 3 | 8 | 11% |" in section and "| -2.0% |" in section
-    assert "| 8 | 3 | 25% |" in section and "| +3.1% |" in section  # 1 / 0.97 - 1
-    assert "mean 0.8%, max 3.1%" in section
-    assert "4 stages (PROJECTION)" in section and "8 stages (PROJECTION)" in section
-    assert "mxnet: no split_size sweep" in section
+    text = section(md, CPU, "#### Pipelined or serial")
+    # torch's fixture sweep is the pipelined model (a = 2, o = 10 ms) with split 3 2% slow
+    torch = text.split("**torch**", 1)[1].split("**jax**", 1)[0]
+    assert "stage times 0.5, 0.7 s (median of 2 record(s)); 8 split sizes, batch 24." in torch
+    assert "pipelined: a = 2, o = 10.1 ms per micro-batch" in torch
+    assert "Model used: **pipelined**" in torch
+    # split 3 held out: the other points are the exact model, 2% under the disturbed point
+    assert "| 3 | 8 | 11% | 1.69 ± 0.03 s (n=3) | 1.66 s | -2.0% |" in torch
+    assert "4 stages (PROJECTION)" in torch and "8 stages (PROJECTION)" in torch
+    # jax: three exact points; each held out is predicted exactly by the other two
+    jax = text.split("**jax**", 1)[1]
+    assert "pipelined: a = 2, o = 20 ms per micro-batch; held-out error (mean / max) 0.0% / " in jax
+    assert "mxnet: no split_size sweep" in text
+    errors = text.split("| resnet50 sweep | pipelined: held-out error |", 1)[1].split("\n\n")[0]
+    assert "| torch | 0.6% / 2.0% |" in errors and "| jax | 0.0% / 0.0% |" in errors
+
+
+def test_serial_sweep_on_one_gpu_is_labelled_and_fitted(built):
+    _, md, _ = built
+    text = section(md, GPU, "#### Pipelined or serial")
+    # the fixture's GPU sweep is the serial model: a = 3, o = 45 ms, recovered exactly
+    assert "serial: a = 3, o = 45 ms per micro-batch; held-out error (mean / max) 0.0% / " in text
+    assert "Model used: **serial** (mean held-out error 0.0%)" in text
+    assert "Here stages share one GPU: measures per-micro-batch overhead, not overlap." in text
+    assert "the serial model projects the same times to 4 and 8 stages (PROJECTION)" in text
+    assert "4 stages (PROJECTION) |" not in text  # no projection table for a serial model
+    assert "| torch | 4.0% / 11.5% | 0.0% / 0.0% | serial |" in text
+
+
+def test_second_machine_has_its_own_tables(built):
+    _, md, _ = built
+    assert md.index(f"\n## {CPU}\n") < md.index(f"\n## {SMOKE}\n") < md.index(f"\n## {GPU}\n")
+    rows = table_rows(md, "lenet", GPU)
+    assert set(rows) == {("torch", "scratch"), ("jax", "scratch")}
+    assert rows[("torch", "scratch")]["sec/epoch (1 dev)"] == "0.500 ± 0.020 s (n=3)"
+    assert rows[("torch", "scratch")]["images/s (1 dev)"] == "120,000"
+    assert rows[("jax", "scratch")]["sec/epoch (1 dev)"] == "1.20 ± 0.10 s (n=3)"
+    assert rows[("jax", "scratch")]["platform"] == "gpu"
+    assert rows[("jax", "scratch")]["env"] == "E5"  # the GPU machine's own environments
+    rows = table_rows(md, "resnet18", GPU)
+    assert list(rows) == [("torch", "ddp")]
+    assert rows[("torch", "ddp")]["sec/epoch (1 dev)"] == "3.20 ± 0.00 s (n=1)"
+    torch = table_rows(md, "resnet50", GPU)[("torch", "gpu")]
+    assert torch["single"] == "0.250 ± 0.005 s (n=3)"
+    assert torch["model_parallel"] == "0.190 ± 0.004 s (n=3) †"  # stages share the one GPU
+    best = fixture_records.gpu_sweep_seconds(60)  # serial: the fewest micro-batches
+    assert torch["pipeline, best split"] == f"{best:.3f} ± {best / 50:.3f} s (n=3) †"
+    assert torch["best split size"] == "60" and torch["devices"] == "1"
+    assert "> † stages share one GPU: measures per-micro-batch overhead, not overlap." in md
+    smoke = table_rows(md, "lenet", SMOKE)
+    assert smoke[("jax", "scratch")]["sec/epoch (1 dev)"] == "0.500 ± 0.010 s (n=3)"
+    assert "No resnet18 records in this group." in section(md, SMOKE)
+
+
+def test_summary_puts_the_machines_side_by_side(built):
+    _, md, _ = built
+    rows = table_rows(md, "## Summary", keys=3)
+    assert list(rows)[:3] == [("lenet", "torch", "scratch"), ("lenet", "jax", "scratch"),
+                              ("lenet", "mxnet", "scratch")]  # fmt: skip
+    torch = rows[("lenet", "torch", "scratch")]
+    assert torch[CPU] == "5.00 s (2 dev)"  # the faster of 10 s (1 dev) and 5 s (2 dev)
+    assert torch[SMOKE] == "–" and torch[GPU] == "0.500 s (1 dev)"
+    assert rows[("lenet", "jax", "scratch")][SMOKE] == "0.500 s (1 dev)"
+    assert rows[("resnet18", "torch", "ddp")][CPU] == "200 s* (2 dev)"
+    pipeline = rows[("resnet50", "torch", "pipeline")]
+    best = fixture_records.sweep_seconds("torch", 2)
+    assert pipeline[CPU] == f"{best:.2f} s (2 dev, split 2)"  # the sweep's best, not split 6
+    assert pipeline[GPU] == f"{fixture_records.gpu_sweep_seconds(60):.3f} s (1 dev, split 60) †"
+    assert rows[("resnet50", "mxnet", "single")][GPU] == "–"
 
 
 def test_left_out_records_and_warnings_are_listed(built):
@@ -136,13 +216,15 @@ def test_left_out_records_and_warnings_are_listed(built):
     assert "compare_results.jsonl:4: bad results line" in left
     assert "mxnet resnet50 pipeline, split 6" in left and "no seconds statistics" in left
     assert re.search(r"torch lenet scratch, 1 device\(s\).*2026-11-19T10:01:00.*superseded", left)
-    assert re.search(r"jax lenet scratch.*preset smoke.*not comparable", left)
+    assert "not comparable" not in md  # another preset or machine is a section of its own
+    assert left.count("\n- ") == 3  # the bad line, the unusable record, the superseded one
 
 
 def test_environment_of_every_figure_is_listed(built):
     out, md, _ = built
     env = md.split("\n## Environment\n", 1)[1]
     assert "| E1 | Fixture CPU (2 cores); no GPU; torch 2.15.0" in env
+    assert "| E4 | Fixture Xeon (16 cores); Fixture GPU 80GB; torch 2.15.0" in env
     assert "commit abc123def456" in env
     for caption in re.findall(r"^\*(.+)\*$", md, re.M):
         assert "Environment: E" in caption
@@ -151,15 +233,20 @@ def test_environment_of_every_figure_is_listed(built):
 def test_plots_are_valid_pngs(built):
     out, md, _ = built
     names = re.findall(r"\]\(([^)]+\.png)\)", md)
+    cpu = "2-virtual-devices-on-2-cpu-cores-fixture-cpu-preset-cpu/"
+    gpu = "1-x-fixture-gpu-80gb-preset-full/"
     assert {
-        "lenet_sec_per_epoch.png",
-        "lenet_scaling.png",
-        "lenet_accuracy.png",
-        "resnet18_sec_per_epoch.png",
-        "resnet50_strategies.png",
-        "resnet50_split_size.png",
-        "resnet50_pipeline_model.png",
+        cpu + "lenet_sec_per_epoch.png",
+        cpu + "lenet_scaling.png",
+        cpu + "lenet_accuracy.png",
+        cpu + "resnet18_sec_per_epoch.png",
+        cpu + "resnet50_strategies.png",
+        cpu + "resnet50_split_size.png",
+        cpu + "resnet50_sweep_models.png",
+        gpu + "lenet_sec_per_epoch.png",
+        gpu + "resnet50_sweep_models.png",
     } <= set(names)
+    assert gpu + "lenet_scaling.png" not in names  # one device: no scaling to draw
     for name in names:
         data = (out / name).read_bytes()
         assert data.startswith(PNG)
@@ -168,22 +255,43 @@ def test_plots_are_valid_pngs(built):
 
 
 def test_html_is_self_contained(built):
-    out, _, _ = built
+    out, md, _ = built
     page = (out / "report.html").read_text()
     sources = re.findall(r'<img [^>]*src="([^"]*)"', page)
-    assert len(sources) == 9
+    assert len(sources) == len(re.findall(r"\]\(([^)]+\.png)\)", md)) == 18
     assert all(src.startswith("data:image/png;base64,") for src in sources)
     assert "<table>" in page and "1.60x" in page
 
 
 def test_terminal_shows_the_main_tables(built):
     _, _, terminal = built
-    assert "lenet (preset cpu, cpu (virtual))" in terminal
+    assert f"lenet on {CPU}" in terminal and f"lenet on {GPU}" in terminal
     assert "warning: " in terminal and "compare_results.jsonl:4: bad results line" in terminal
     assert re.search(
         r"jax\s+scratch\s+2\s+0\.818\s+2\.50 ± 0\.10 s \(n=3\)\s+24,000\s+1\.60x", terminal
     )
-    assert "resnet50 (preset cpu, cpu (virtual))" in terminal
+    assert f"resnet50 on {CPU}" in terminal
+    assert re.search(
+        r"lenet\s+torch\s+scratch\s+5\.00 s \(2 dev\)\s+–\s+0\.500 s \(1 dev\)", terminal
+    )
+    assert "18 plot(s) for 3 machine group(s); 2 record(s) left out" in terminal
+
+
+def test_committed_records_of_two_machines_give_one_page(tmp_path):
+    """The reference records: the CPU and the H100 both shown, nothing left out as not
+    comparable; the CPU sweep fitted for all three frameworks."""
+    root = fixture_records.FIXTURE.parents[2]
+    paths = [str(root / "results" / f) for f in ("cpu-2core.jsonl", "gpu-h100.jsonl")]
+    assert report.build(paths, tmp_path, echo=lambda *_: None) == 0
+    md = (tmp_path / "report.md").read_text()
+    cpu = section(md, "2 virtual devices on 2 CPU cores (AMD EPYC), preset cpu")
+    gpu = section(md, "1 x NVIDIA H100 80GB HBM3, preset full")
+    assert "| torch | scratch | gpu | full | 0.835 | 0.517 ± 0.026 s (n=10) |" in gpu
+    assert "| jax | scratch | cpu (virtual) | cpu | 0.823 | 34.3 ± 1.8 s (n=10) |" in cpu
+    errors = cpu.split("| resnet50 sweep | pipelined: held-out error |", 1)[1]
+    assert all(f"| {f} | " in errors for f in ("torch", "jax", "mxnet"))
+    left = md.split("\n## Left out\n", 1)[1]
+    assert "Older records of the same cell" in left and "Not asked for" not in left
 
 
 def test_scaling_arithmetic():
@@ -220,12 +328,28 @@ def test_selected_preset_leaves_the_others_out(tmp_path):
     code = report.build([str(fixture_records.FIXTURE)], tmp_path, preset="smoke", echo=lines.append)
     assert code == 0
     md = (tmp_path / "report.md").read_text()
-    rows = table_rows(md, "lenet")
+    rows = table_rows(md, "lenet", SMOKE)
     assert list(rows) == [("jax", "scratch")]
     assert rows[("jax", "scratch")]["sec/epoch (1 dev)"] == "0.500 ± 0.010 s (n=3)"
-    assert "No comparable resnet18 records." in md
-    assert re.search(r"torch lenet scratch, 2 device.*: not comparable: lenet, preset cpu", md)
-    assert re.search(r"torch resnet18 ddp, 2 device.*: not preset smoke", md)
+    assert "No resnet18 records in this group." in md
+    assert f"\n## {CPU}\n" not in md and f"\n## {GPU}\n" not in md
+    assert re.search(r"torch lenet scratch, 2 device.*: not preset smoke", md)
+    assert re.search(r"torch resnet18 ddp, 1 device.*gpu, preset full.*: not preset smoke", md)
+
+
+def test_nothing_of_the_preset_asked_for_is_an_error(tmp_path, capsys):
+    out = tmp_path / "out"
+    code = report.main(["--results", str(fixture_records.FIXTURE), "--out", str(out),
+                        "--preset", "tiny"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == report.EXIT_NO_RESULTS and "Traceback" not in err
+    assert err.startswith("error: none of the 48 usable record(s) in ")
+    assert (
+        "is preset tiny (there are: preset cpu on cpu; preset full on gpu; preset smoke on cpu)"
+        in err
+    )
+    assert len(err.strip().splitlines()) == 1
+    assert not out.exists()  # nothing written, no empty report over a good one
 
 
 @pytest.mark.parametrize(

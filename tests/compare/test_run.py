@@ -183,7 +183,7 @@ def test_end_to_end_with_fake_environments(tmp_path, capsys):
     md = (out / "report.md").read_text()
     assert "| torch | scratch | cpu (virtual) | smoke | 0.800 | 4.00 ± 0.00 s (n=1) |" in md
     assert "| 2.00x | 100% |" in md
-    assert "No comparable resnet18 records." in md
+    assert "No resnet18 records in this group." in md
 
 
 def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path):

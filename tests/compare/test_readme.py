@@ -1,0 +1,97 @@
+"""The README's reference tables (compare.readme): they equal what the committed records give,
+their numbers follow the records, and bad input is one line and leaves the README alone."""
+
+import json
+import shutil
+
+import pytest
+
+from compare import readme
+from tests.compare import fixture_records
+
+ROOT = readme.ROOT
+
+
+def test_readme_tables_match_the_committed_records():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert readme.splice(text, readme.fragment()) == text, (
+        "README.md's reference tables differ from results/*.jsonl: run `make readme-tables`"
+    )
+
+
+def test_fragment_shows_both_machines_with_numbers_from_the_records():
+    text = readme.fragment()
+    gpu, cpu = text.split("**2 virtual devices on 2 CPU cores (AMD EPYC), preset cpu**")
+    assert gpu.startswith("**1 x NVIDIA H100 80GB HBM3, preset full** (`results/gpu-h100.jsonl`;")
+    assert "torch 2.11.0+cu130 (CUDA 13.0), jax 0.11.2; commit 7eca3b250aa7" in gpu
+    assert "| torch scratch | 0.835 | 0.517 ± 0.026 s (n=10) |" in gpu
+    assert "| jax sharding | 0.918 | 1.61 ± 0.00 s (n=10) | 92% |" in gpu  # NVML utilisation
+    assert "| torch | 0.0744 ± 0.0016 s (n=10) |" in gpu
+    # 34.32 / 18.00 = 1.91; the newer resnet18 records (3 epochs), not the superseded ones
+    assert (
+        "| jax scratch | 0.823 / 0.825 | 34.3 ± 1.8 s (n=10) | 18.0 ± 0.4 s (n=10) | 1.91x |" in cpu
+    )
+    assert "| torch ddp | 0.106 / 0.098 | 1244 ± 74 s* (n=3) | 1036 ± 68 s* (n=3) | 1.20x* |" in cpu
+    assert "| mxnet | 1.20 ± 0.01 s (n=3) |" in cpu and "1.30 ± 0.03 s (n=3), split 12" in cpu
+    assert "| jax | 14.5% / 35.1% | 6.5% / 11.9% | serial |" in cpu
+    assert "Generated" not in text  # nothing that changes from one run to the next
+
+
+def copy_reference(tmp_path):
+    for name in readme.REFERENCE:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, tmp_path / name)
+    shutil.copy(ROOT / "README.md", tmp_path / "README.md")
+
+
+def test_a_changed_record_changes_the_tables_and_fails_the_check(tmp_path, capsys):
+    copy_reference(tmp_path)
+    path = tmp_path / "results" / "gpu-h100.jsonl"
+    lines = path.read_text().splitlines()
+    first = json.loads(lines[0])  # torch lenet on the H100: 0.517 s/epoch
+    first["sec_per_epoch"]["median"] = 0.6
+    path.write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
+    assert "| torch scratch | 0.835 | 0.600 ± 0.026 s (n=10) |" in readme.fragment(root=tmp_path)
+    before = (tmp_path / "README.md").read_text()
+    assert readme.main(["--check"], root=tmp_path) == 1
+    err = capsys.readouterr().err
+    assert "differ from the records; run `make readme-tables`" in err
+    assert (tmp_path / "README.md").read_text() == before  # --check writes nothing
+    assert readme.main([], root=tmp_path) == 0
+    assert readme.main(["--check"], root=tmp_path) == 0
+    after = (tmp_path / "README.md").read_text()
+    assert "0.600 ± 0.026 s (n=10)" in after and "0.517 ± 0.026" not in after
+    # only the part between the markers changed
+    head = before.split(readme.BEGIN)[0]
+    tail = before.split(readme.END)[1]
+    assert after.startswith(head) and after.endswith(tail)
+
+
+@pytest.mark.parametrize(
+    "readme_text, message",
+    [
+        ("# no markers\n", "the README needs one line"),
+        (f"{readme.END}\n{readme.BEGIN}\n", "the README needs one line"),
+    ],
+)
+def test_bad_readme_is_one_line_and_untouched(tmp_path, capsys, readme_text, message):
+    copy_reference(tmp_path)
+    (tmp_path / "README.md").write_text(readme_text)
+    assert readme.main([], root=tmp_path) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert (tmp_path / "README.md").read_text() == readme_text
+
+
+def test_bad_records_are_one_line_and_leave_the_readme_alone(tmp_path, capsys):
+    copy_reference(tmp_path)
+    with open(tmp_path / "results" / "cpu-2core.jsonl", "a") as f:
+        f.write(fixture_records.MALFORMED)
+    before = (tmp_path / "README.md").read_text()
+    assert readme.main([], root=tmp_path) == 2
+    err = capsys.readouterr().err
+    assert "cpu-2core.jsonl:58: bad results line" in err and len(err.strip().splitlines()) == 1
+    assert (tmp_path / "README.md").read_text() == before
+    (tmp_path / "results" / "gpu-h100.jsonl").unlink()
+    assert readme.main([], root=tmp_path) == 2
+    assert "gpu-h100.jsonl: no such results file" in capsys.readouterr().err
