@@ -93,8 +93,16 @@ def test_wrong_shape_is_refused(tmp_path):
         data.parse_idx(content, spec, tmp_path / spec.name)
 
 
-def test_not_found_offline_says_how_to_get_it(isolated):
+def test_not_found_offline_says_how_to_get_it(isolated, monkeypatch):
+    monkeypatch.delenv("FASHION_MNIST_DIR")
     with pytest.raises(data.DatasetError, match="apt-get install dataset-fashion-mnist"):
+        data.load(allow_download=False)
+
+
+def test_an_explicit_folder_without_the_files_is_an_error_naming_it(source, isolated):
+    copy_dataset(source, isolated)
+    (isolated / data.FILES["test_labels"].name).unlink()
+    with pytest.raises(data.DatasetError, match=r"FASHION_MNIST_DIR=.*mnist does not hold t10k-l"):
         data.load(allow_download=False)
 
 
