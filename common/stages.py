@@ -59,8 +59,9 @@ def stage_blocks(n_stages):
     return [BLOCKS[a:b] for a, b in zip(cuts, cuts[1:], strict=False)]
 
 
-def choose_strategies(args, n_devices, available, framework):
-    """Which strategies to run, every check made before anything runs or is written."""
+def choose_strategies(args, n_devices, available, framework, one_gpu=False):
+    """Which strategies to run, every check made before anything runs or is written. On one
+    GPU (`one_gpu`) the split strategies run with both stages on it (see `stage_devices`)."""
     if args.amp != "off":
         raise config.ConfigError("resnet50 runs in float32 only (--amp off)")
     stage_blocks(n_devices)
@@ -79,9 +80,18 @@ def choose_strategies(args, n_devices, available, framework):
     else:
         strategies = [args.strategy]
     for s in strategies:
-        if s != "single" and n_devices < 2:
+        if s != "single" and n_devices < 2 and not (one_gpu and s in DEFAULT):
             raise config.ConfigError(f"strategy {s!r} needs at least 2 devices (GPUS>=2)")
     return strategies
+
+
+def stage_devices(devs: list, strategy: str) -> list:
+    """The device of each stage: one for `single`; else one per device, or, with a single
+    device, two stages sharing it (one GPU: what such a run measures is the per-micro-batch
+    overhead, not overlap, and its record says so)."""
+    if strategy == "single":
+        return devs[:1]
+    return devs if len(devs) > 1 else devs * 2
 
 
 def runs(args, cfg, strategies) -> list[tuple[str, int | None, bool]]:
@@ -100,10 +110,13 @@ def describe(blocks_per_stage) -> str:
     return " | ".join(f"{b[0]}..{b[-1]}" if len(b) > 1 else b[0] for b in blocks_per_stage)
 
 
-def record_fields(cfg, timer: timing.Timer, losses, split_size, extra: dict, sweep: bool):
-    """The results.Record fields of one resnet50 run: seconds per repeat of num_batches steps."""
+def record_fields(cfg, timer: timing.Timer, losses, split_size, extra: dict, sweep: bool, shared):
+    """The results.Record fields of one resnet50 run: seconds per repeat of num_batches steps.
+    `shared`: the stages shared one device (`stage_devices`)."""
     stats = timer.stats()
     extra = {**extra, "num_batches": cfg.num_batches, "image_size": cfg.image_size}
+    if shared:
+        extra["stages_share_device"] = True
     return {
         "seconds": stats.to_dict(),
         "warmup_seconds": timer.warmup_seconds,
@@ -119,6 +132,8 @@ def save(rec: results.Record, path, cfg, plan) -> None:
     results.append(rec, path)
     split = f" (split {rec.split_size})" if rec.split_size else ""
     where = plan.describe() if rec.devices > 1 else f"1 x {plan.platform}"
+    if rec.extra.get("stages_share_device"):
+        where += ", both stages on it"
     blocks = rec.extra.get("stage_blocks")
     stage_text = f", stages {describe(blocks)}" if blocks else ""
     print(

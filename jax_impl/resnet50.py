@@ -375,21 +375,23 @@ def build(strategy, devices, split_size, num_classes, seed=0):
 
 def run_strategy(args, plan, cfg, devs, strategy, split_size=None, sweep=False):
     """Build, train, time and record one strategy; returns the record."""
-    used = devs[:1] if strategy == "single" else devs
+    used = stages.stage_devices(devs, strategy)
+    shared = len(used) > plan.count  # one GPU: both stages on it
     model = build(strategy, used, split_size, cfg.num_classes, cfg.seed)
     timer, losses = train(model, cfg, used)
     extra = measure_stages(model, cfg) if strategy != "single" else {}
     rec = cli.make_record(
-        FRAMEWORK, args, dataclasses.replace(plan, count=len(used)), cfg,
+        FRAMEWORK, args, dataclasses.replace(plan, count=min(len(used), plan.count)), cfg,
         jdev.device_names(used), jdev.versions(), strategy=strategy,
-        **stages.record_fields(cfg, timer, losses, split_size, extra, sweep),
+        **stages.record_fields(cfg, timer, losses, split_size, extra, sweep, shared),
     )  # fmt: skip
     stages.save(rec, args.results, cfg, plan)
     return rec
 
 
 def main(args, plan, cfg):
-    strategies = stages.choose_strategies(args, plan.count, STRATEGIES, FRAMEWORK)
+    one_gpu = plan.count == 1 and plan.platform == "gpu"
+    strategies = stages.choose_strategies(args, plan.count, STRATEGIES, FRAMEWORK, one_gpu)
     devs = jdev.get_devices(plan)
     for strategy, split_size, sweep in stages.runs(args, cfg, strategies):
         run_strategy(args, plan, cfg, devs, strategy, split_size, sweep)

@@ -212,7 +212,8 @@ def build(strategy, devices, split_size, num_classes):
 
 def run_strategy(args, plan, cfg, devs, strategy, split_size=None, sweep=False):
     """Build, train, time and record one strategy; returns the record."""
-    used = devs[:1] if strategy == "single" else devs
+    used = stages.stage_devices(devs, strategy)
+    shared = len(used) > plan.count  # one GPU: both stages on it
     torch.manual_seed(cfg.seed)
     if strategy in ("gpipe", "1f1b"):
         out = launch_pipelining(cfg, plan, strategy, split_size)
@@ -229,16 +230,17 @@ def run_strategy(args, plan, cfg, devs, strategy, split_size=None, sweep=False):
         if strategy == "single" and cuda:
             extra = {"peak_memory_bytes": [torch.cuda.max_memory_allocated(cuda[0])]}
     rec = cli.make_record(
-        FRAMEWORK, args, dataclasses.replace(plan, count=len(used)), cfg,
+        FRAMEWORK, args, dataclasses.replace(plan, count=min(len(used), plan.count)), cfg,
         tdev.device_names(used), tdev.versions(), strategy=strategy,
-        **stages.record_fields(cfg, timer, losses, split_size, extra, sweep),
+        **stages.record_fields(cfg, timer, losses, split_size, extra, sweep, shared),
     )  # fmt: skip
     stages.save(rec, args.results, cfg, plan)
     return rec
 
 
 def main(args, plan, cfg):
-    strategies = stages.choose_strategies(args, plan.count, STRATEGIES, FRAMEWORK)
+    one_gpu = plan.count == 1 and plan.platform == "gpu"
+    strategies = stages.choose_strategies(args, plan.count, STRATEGIES, FRAMEWORK, one_gpu)
     for s in strategies:  # the engine's own limits, before anything runs
         if s in ("gpipe", "1f1b"):
             check_pipelining(s, plan.count, cfg.split_size, cfg.batch_size)

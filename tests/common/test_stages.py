@@ -44,3 +44,19 @@ def test_choose_strategies():
         stages.choose_strategies(args("single", sweep=True), 2, stages.DEFAULT, "jax")
     with pytest.raises(config.ConfigError, match="float32 only"):
         stages.choose_strategies(args(amp="bf16"), 2, stages.DEFAULT, "mxnet")
+
+
+def test_one_gpu_runs_the_split_strategies_with_both_stages_on_it():
+    chosen = stages.choose_strategies(args(), 1, stages.DEFAULT, "jax", one_gpu=True)
+    assert chosen == ["single"]  # the default on one device stays `single`
+    for strategy in ("model_parallel", "pipeline"):
+        got = stages.choose_strategies(args(strategy), 1, stages.DEFAULT, "jax", one_gpu=True)
+        assert got == [strategy]
+    assert stages.choose_strategies(args(sweep=True), 1, stages.DEFAULT, "jax", True) == [
+        "pipeline"
+    ]
+    with pytest.raises(config.ConfigError, match="at least 2 devices"):
+        stages.choose_strategies(args("1f1b"), 1, ("1f1b",), "torch", one_gpu=True)
+    assert stages.stage_devices(["gpu0"], "pipeline") == ["gpu0", "gpu0"]
+    assert stages.stage_devices(["gpu0", "gpu1"], "pipeline") == ["gpu0", "gpu1"]
+    assert stages.stage_devices(["gpu0", "gpu1"], "single") == ["gpu0"]

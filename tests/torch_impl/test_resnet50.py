@@ -235,6 +235,16 @@ def test_main_default_and_sweep_write_records(tmp_path):
     ]
 
 
+def test_one_gpu_runs_pipeline_with_both_stages_on_it(tmp_path):
+    """A one-GPU plan, simulated with the CPU as its one device: two stages share it, and the
+    record says so (it measures the per-micro-batch overhead, not overlap)."""
+    plan = devices.DevicePlan(1, "gpu", False)
+    args = args_for(tmp_path, gpus=1, strategy="pipeline", split_size=2)
+    rec = r50.run_strategy(args, plan, cli.config_of(args), DEVS[:1], "pipeline", 2)
+    assert rec.devices == 1 and rec.split_size == 2
+    assert rec.extra["stages_share_device"] is True and rec.extra["num_stages"] == 2
+
+
 def test_main_refuses_bad_requests_before_writing(tmp_path):
     one = devices.DevicePlan(1, "cpu", True)
     two = devices.DevicePlan(2, "cpu", True)
