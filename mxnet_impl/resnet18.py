@@ -109,7 +109,9 @@ def get_weights(net):
 def set_weights(net, params):
     weights.check_shapes(params, weight_shapes(net))
     for k, p in _named_params(net).items():
-        p.set_data(nd.array(params[k]))  # every context's copy
+        # Every context's copy, in the parameter's dtype: nd.array would make float32 of a numpy
+        # array and so round a float64 net's weights (the float64 tests compare to 2**-24).
+        p.set_data(nd.array(params[k], dtype=p.dtype))
     return net
 
 

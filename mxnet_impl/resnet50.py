@@ -140,7 +140,8 @@ def set_weights(model, params):
     if set(own) != set(params):
         raise ValueError(f"weights do not match: {sorted(set(own) ^ set(params))[:3]}")
     for name, p in own.items():
-        p.set_data(nd.array(params[name]))
+        # In the parameter's dtype: nd.array would make float32 and round a float64 model.
+        p.set_data(nd.array(params[name], dtype=p.dtype))
 
 
 def split_into_stages(model, devices):
