@@ -1,5 +1,131 @@
-"""Planted bugs for mxnet's numerics tests (run by tests/numerics_mutants.py)."""
+"""Planted bugs for mxnet's numerics tests (run by tests/numerics_mutants.py).
 
-from tests.numerics_mutants import Mutant  # noqa: F401
+Each fits its test: rule 1 (float64) tests get semantic bugs, which float32 and float64 share;
+rule 2 (float32 against float64) tests get precision bugs, which a float64 run cannot show.
+"""
 
-MUTANTS: list = []
+from tests.numerics_mutants import Mutant
+
+R18 = "tests/mxnet_impl/test_resnet18.py::"
+LENET = "tests/mxnet_impl/test_lenet.py::"
+R50 = "tests/mxnet_impl/test_resnet50.py::"
+
+MUTANTS = [
+    Mutant(
+        "mxnet-r18-transposed-kernel",
+        "mxnet",
+        R18 + "test_float64_run_reproduces_the_fixture",
+        "mxnet_impl/resnet18.py",
+        "        p.set_data(nd.array(params[k], dtype=p.dtype))",
+        "        v = np.swapaxes(params[k], -1, -2) if np.ndim(params[k]) == 4 else params[k]\n"
+        "        p.set_data(nd.array(v, dtype=p.dtype))",
+        "conv kernels loaded transposed (HW swapped) from the exchange format",
+    ),
+    Mutant(
+        "mxnet-r18-fp16-conv1",
+        "mxnet",
+        R18 + "test_float32_forward_matches_the_float64_fixture",
+        "mxnet_impl/resnet18.py",
+        "        y = self.conv1(x)\n",
+        '        y = F.cast(F.cast(self.conv1(x), "float16"), "float32")\n',
+        "each block's first conv output stored in float16 (an AMP-style cast left in)",
+    ),
+    Mutant(
+        "mxnet-r18-step-batch-size",
+        "mxnet",
+        R18 + "test_two_contexts_equal_one_context",
+        "mxnet_impl/resnet18.py",
+        "    trainer.step(sum(y.shape[0] for y in ys))",
+        "    trainer.step(ys[0].shape[0] * len(ys))",
+        "Trainer.step's batch size as context 0's part times the contexts (4 for 2 + 3)",
+    ),
+    Mutant(
+        "mxnet-r18-warmup-ctx0-only",
+        "mxnet",
+        R18 + "test_warm_up_steps_leave_the_initial_weights",
+        "mxnet_impl/resnet18.py",
+        "    set_weights(net, weights.init_normal(weight_shapes(net), cfg.init_std, cfg.seed))",
+        "    for k, v in weights.init_normal(weight_shapes(net), cfg.init_std, cfg.seed).items():\n"
+        "        mweights.named_params(net)[k].data(devs[0])[:] = v",
+        "after warm-up, initial weights written into context 0's copy only (not the kvstore's)",
+    ),
+    Mutant(
+        "mxnet-lenet-not-in-place",
+        "mxnet",
+        LENET + "test_two_devices_train_like_one",
+        "mxnet_impl/lenet.py",
+        "        data[i][:] = data[0].copyto(data[i].context)",
+        "        data[i] = data[0].copyto(data[i].context)",
+        "the book's allreduce that rebinds list entries: device 1 never gets the sum",
+    ),
+    Mutant(
+        "mxnet-lenet-shard-batch-size",
+        "mxnet",
+        LENET + "test_matches_the_float64_reference_fixture[2]",
+        "mxnet_impl/lenet.py",
+        "            p[:] = p - lr * p.grad / X.shape[0]",
+        "            p[:] = p - lr * p.grad / X_shards[0].shape[0]",
+        "the summed gradient divided by a device's shard size, not the batch size",
+    ),
+    Mutant(
+        "mxnet-lenet-fp16-loss",
+        "mxnet",
+        LENET + "test_float32_first_loss_matches_the_fixture",
+        "mxnet_impl/lenet.py",
+        "    return -nd.pick(nd.log_softmax(y_hat), y).sum()",
+        '    h = nd.log_softmax(y_hat.astype("float16"))\n'
+        '    return -nd.pick(h, y.astype("float16")).astype(y_hat.dtype).sum()',
+        "cross-entropy's log_softmax in float16 (an AMP-style cast in the loss)",
+    ),
+    Mutant(
+        "mxnet-r50-toy-step-scale",
+        "mxnet",
+        R50 + "test_toy_model_one_step_matches_numpy",
+        "mxnet_impl/resnet50.py",
+        "        trainer.step(1)\n    return model, loss.asscalar()",
+        "        trainer.step(inputs.shape[0])\n    return model, loss.asscalar()",
+        "Trainer.step(batch size) on a loss that is a mean already: the step 20x too small",
+    ),
+    Mutant(
+        "mxnet-r50-v1-stride",
+        "mxnet",
+        R50 + "test_float64_forward_reproduces_the_torch_fixture",
+        "mxnet_impl/resnet50.py",
+        "        self.conv1 = nn.Conv2D(planes, 1, use_bias=False, in_channels=inplanes)\n"
+        "        self.bn1 = batch_norm(planes)\n"
+        "        self.conv2 = nn.Conv2D(planes, 3, stride, 1, use_bias=False, in_channels=planes)",
+        "        self.conv1 = nn.Conv2D(planes, 1, stride, use_bias=False, in_channels=inplanes)\n"
+        "        self.bn1 = batch_norm(planes)\n"
+        "        self.conv2 = nn.Conv2D(planes, 3, 1, 1, use_bias=False, in_channels=planes)",
+        "ResNet v1's stride on the 1x1 conv, not torchvision's v1.5 (on the 3x3)",
+    ),
+    Mutant(
+        "mxnet-r50-fp16-stem",
+        "mxnet",
+        R50 + "test_float32_forward_matches_the_float64_fixture",
+        "mxnet_impl/resnet50.py",
+        "        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))",
+        "        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))\n"
+        '        x = F.cast(F.cast(x, "float16"), "float32")',
+        "the stem's output stored in float16 (an AMP-style cast left in)",
+    ),
+    Mutant(
+        "mxnet-r50-bn-switch-shallow",
+        "mxnet",
+        R50 + "test_pipeline_equals_single_with_bn_on_running_stats[1]",
+        "mxnet_impl/resnet50.py",
+        "        for child in block._children.values():\n            visit(child)",
+        "        for child in block._children.values():\n"
+        "            if isinstance(child, nn.BatchNorm):\n                visit(child)",
+        "use_running_stats switches only the stem's BatchNorm, not those inside the blocks",
+    ),
+    Mutant(
+        "mxnet-r50-split-drops-relu",
+        "mxnet",
+        R50 + "test_model_parallel_equals_single_in_train_mode",
+        "mxnet_impl/resnet50.py",
+        '        "stem": [model.conv1, model.bn1, model.relu, model.maxpool],',
+        '        "stem": [model.conv1, model.bn1, model.maxpool],',
+        "the stage split leaves out the stem's ReLU",
+    ),
+]

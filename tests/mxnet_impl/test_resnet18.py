@@ -10,12 +10,14 @@ import numpy as np
 import pytest
 from mxnet import autograd, nd
 
-from common import config, devices
+from common import cli, config, data, devices
 from mxnet_impl import resnet18 as r18
+from mxnet_impl import weights as mweights
+from tests.fixtures import make_resnet18_parity as parity
+from tests.fixtures import numerics
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 PARAMS = 11_175_818  # d2l's ResNet-18 (conv biases, no shortcut BN), 1 channel in, 10 classes
-PARITY_SEED, PARITY_STD, PARITY_LR = 0, 0.05, 0.1  # tests/fixtures/make_resnet18_parity.py
 
 
 def test_parameter_count_and_names():
@@ -39,57 +41,111 @@ def test_weights_round_trip():
         np.testing.assert_array_equal(v, w[k])
 
 
-def _parity_net():
-    net = r18.init_weights(r18.resnet18(), PARITY_STD, PARITY_SEED)
+def test_a_float64_net_keeps_float64_weights():
+    """set_weights must not round through float32 (nd.array's default): the float64 tests
+    compare to 2**-24, and weights that are not float32 numbers would lose ~1e-8."""
+    net = r18.init_weights(r18.resnet18(width=8), 0.01, seed=3)
+    net.cast("float64")
+    w = {k: np.float64(v) / 3 + 1e-3 for k, v in r18.get_weights(net).items()}
+    for k, v in r18.get_weights(r18.set_weights(net, w)).items():
+        np.testing.assert_array_equal(v, w[k], err_msg=k)
+
+
+def _parity_net(dtype):
+    # The parity weights are float32 numbers (common.weights), so the cast to float64 is exact.
+    net = r18.init_weights(r18.resnet18(), parity.STD, parity.SEED)
+    net.cast(dtype)
     net.hybridize()
     return net
 
 
-def test_forward_and_step_match_the_committed_torch_fixture():
+def _parity_outputs(dtype):
+    """The fixture's protocol (tests/fixtures/make_resnet18_parity.py) in MXNet, in `dtype`."""
     ref = np.load(FIXTURES / "resnet18_parity.npz")
-    x, y = nd.array(ref["x"]), nd.array(ref["y"], dtype="int32")
-    net = _parity_net()
-    logits_eval = net(x).asnumpy()
+    x, y = nd.array(ref["x"], dtype=dtype), nd.array(ref["y"], dtype="int32")
+    out, net = {}, _parity_net(dtype)
+    out["logits_eval"] = net(x).asnumpy()  # outside autograd: BatchNorm on running statistics
     with autograd.train_mode():
-        logits_train = net(x).asnumpy()
-    net = _parity_net()
-    loss = r18.train_step(net, r18.make_optimizer(net, PARITY_LR), [x], [y])[0]
+        out["logits_train"] = net(x).asnumpy()
+    net = _parity_net(dtype)
+    (loss,) = r18.train_step(net, r18.make_optimizer(net, parity.LR), [x], [y])
+    # Gluon's loss is per sample and train_step returns its sum; the fixture's is the batch mean.
+    out["loss"] = loss.asnumpy()[0] / len(ref["y"])
     with autograd.train_mode():
-        after = net(x).asnumpy()
-    # Two libraries, 20 float32 layers, a well-conditioned input (see the fixture's generator):
-    # within 1e-5 of the logits' scale (measured 3e-6 after the step, 2e-6 before).
-    for got, key in (
-        (logits_eval, "logits_eval"),
-        (logits_train, "logits_train"),
-        (after, "logits_after_step"),
-    ):
-        scale = np.abs(ref[key]).max()
-        np.testing.assert_allclose(got, ref[key], rtol=1e-5, atol=1e-5 * scale, err_msg=key)
-    np.testing.assert_allclose(loss.asscalar() / len(ref["y"]), ref["loss"], rtol=1e-5)
+        out["logits_after_step"] = net(x).asnumpy()
+    return ref, out
 
 
+@pytest.mark.numerics
+def test_float64_run_reproduces_the_fixture():
+    """Rule 1 (tests/fixtures/numerics.py): MXNet's float64 run computes the fixture's mathematics,
+    so every output agrees to 2**-24 on any machine. The forward outputs agree to ~1e-15. After
+    the step ~1.7e-8: MXNet's sgd_update takes the learning rate as a C++ float, so the float64
+    step uses fl32(0.1) = 0.1 * (1 + 1.5e-8) (a manual float64 step gives 1e-15); a fixed,
+    machine-independent amount below the limit, which float32 could not resolve either."""
+    ref, got = _parity_outputs("float64")
+    for key in parity.OUTPUTS:
+        numerics.check_same_math(f"mxnet resnet18 float64 {key}", got[key], ref[key])
+
+
+@pytest.mark.numerics
+def test_float32_forward_matches_the_float64_fixture():
+    """Rule 2: the float32 forward outputs (continuous in the input; the logits after the step
+    are not: the step's gradient jumps at ReLU kinks) within the rounding factor times their
+    sensitivity. The input is zero-mean, which keeps BatchNorm well conditioned (see the
+    fixture's generator). The loss sits at about half its limit (21 x U32: its sensitivity is
+    below U32), most of that from MXNet's float32 log_softmax, which runs in oneDNN and is
+    biased by ~6 U32 per element (see test_lenet.log_softmax_error)."""
+    ref, got = _parity_outputs("float32")
+    for key in parity.FORWARD:
+        numerics.check_float32(
+            f"mxnet resnet18 float32 {key}",
+            got[key],
+            ref[key],
+            float(ref[f"{key}.sensitivity"]),
+            parity.STAGES,
+            parity.REDUCTION,
+        )
+
+
+def _two_context_run(n, x, y):
+    """Two steps (8, then an uneven 5 split 2 + 3) of the BatchNorm-free net on n contexts, in
+    float64: (initial weights, every parameter's copies after the steps)."""
+    ctxs = [mx.cpu(i) for i in range(n)]
+    net = r18.init_weights(r18.resnet18(width=4, use_bn=False), 0.1, 0, ctxs)
+    net.cast("float64")  # exact: the initial weights are float32 numbers
+    start = r18.get_weights(net)
+    net.hybridize()
+    split = r18.gluon(net, ctxs)
+    trainer = r18.make_optimizer(net, 0.1)
+    for idx in (np.arange(8), np.arange(8, 13)):
+        r18.train_step(net, trainer, *split(x, y, idx))
+    params = mweights.named_params(net)
+    copies = {k: [d.asnumpy() for d in p.list_data()] for k, p in params.items()}
+    return start, copies
+
+
+@pytest.mark.numerics
 @pytest.mark.multi_device
 def test_two_contexts_equal_one_context():
-    """BatchNorm-free variant (Gluon keeps BN statistics per context); an even batch of 8 and an
-    uneven last batch of 5 (split 2 + 3 by split_and_load)."""
+    """Rule 1: two contexts and one compute the same mathematics, so in float64 (kvstore
+    `device` reduces and updates float64 as it is) they agree to 2**-24. BatchNorm-free: Gluon
+    keeps BN statistics per context. Both runs round the learning rate and 1/batch the same way
+    (sgd_update's float parameters), so that cancels here."""
     rng = np.random.default_rng(1)
-    x = nd.array(rng.random((13, 1, 8, 8), dtype=np.float32))
+    x = nd.array(rng.random((13, 1, 8, 8)), dtype="float64")
     y = nd.array(rng.integers(0, 10, 13), dtype="int32")
-    got, start = {}, None
-    for n in (1, 2):
-        ctxs = [mx.cpu(i) for i in range(n)]
-        net = r18.init_weights(r18.resnet18(width=4, use_bn=False), 0.1, 0, ctxs)
-        start = r18.get_weights(net)
-        net.hybridize()
-        trainer = r18.make_optimizer(net, 0.1)
-        for idx in (np.arange(8), np.arange(8, 13)):
-            r18.train_step(net, trainer, *r18.shard_batch(x, y, idx, ctxs))
-        got[n] = {k: p.list_data() for k, p in r18._named_params(net).items()}
-        got[n] = {k: [d.asnumpy() for d in v] for k, v in got[n].items()}
-    assert any(not np.allclose(got[1][k][0], start[k]) for k in start)
-    for k, (one,) in got[1].items():
-        for copy in got[2][k]:  # every context's copy was updated the same way
-            np.testing.assert_allclose(copy, one, rtol=1e-5, atol=1e-6, err_msg=k)
+    start, one = _two_context_run(1, x, y)
+    two = _two_context_run(2, x, y)[1]
+    one = {k: v for k, (v,) in one.items()}
+    # The steps moved the weights far more than the limit: the check can see a wrong step.
+    assert numerics.rel_error(one, start) > 1e3 * numerics.SAME_MATH_LIMIT
+    numerics.check_same_math(
+        "mxnet resnet18 2 contexts vs 1", {k: v[0] for k, v in two.items()}, one
+    )
+    for k, (first, second) in two.items():
+        # The kvstore updates one copy and hands it to every context: equal to the last bit.
+        np.testing.assert_array_equal(second, first, err_msg=k)
 
 
 def _args(**kw):
@@ -114,16 +170,17 @@ def _args(**kw):
 def test_bf16_and_unknown_strategy_are_config_errors():
     plan = devices.DevicePlan(2, "cpu", True)
     with pytest.raises(config.ConfigError, match="bf16 is not supported"):
-        r18.main(_args(amp="bf16"), plan)
-    with pytest.raises(config.ConfigError, match="unknown resnet18 strategy"):
-        r18.main(_args(strategy="ddp"), plan)
+        r18.main(_args(amp="bf16"), plan, cli.config_of(_args()))
+    with pytest.raises(config.ConfigError, match="resnet18 has one strategy, 'gluon'"):
+        r18.main(_args(strategy="ddp"), plan, cli.config_of(_args()))
 
 
 @pytest.mark.slow
 @pytest.mark.multi_device
 def test_smoke_end_to_end(tmp_path, capsys):
     path = tmp_path / "r.jsonl"
-    r18.main(_args(results=str(path)), devices.DevicePlan(2, "cpu", True))
+    args = _args(results=str(path))
+    r18.main(args, devices.DevicePlan(2, "cpu", True), cli.config_of(args))
     rec = json.loads(path.read_text().splitlines()[-1])
     assert rec["framework"] == "mxnet" and rec["strategy"] == "gluon"
     assert rec["devices"] == 2 and rec["batch_size"] == 32
@@ -135,6 +192,7 @@ def test_smoke_end_to_end(tmp_path, capsys):
     assert last.startswith("test acc:") and "(extrapolated) on [2 x cpu (virtual)]" in last
 
 
+@pytest.mark.numerics
 @pytest.mark.multi_device
 def test_warm_up_steps_leave_the_initial_weights():
     """`train` warms up on the batch shapes it will use, then sets the initial weights again
@@ -147,19 +205,28 @@ def test_warm_up_steps_leave_the_initial_weights():
     cfg = dataclasses.replace(cfg, steps_per_epoch=None, init_std=0.1)  # 8 + 8 + 4
     ctxs = [mx.cpu(0), mx.cpu(1)]
     net = r18.resnet18(width=4)
-    out = r18.train(net, cfg, (images, labels, images, labels), ctxs)
+    log, _ = r18.train(net, cfg, (images, labels, images, labels), ctxs, "gluon")
     ref = r18.resnet18(width=4)
     r18.init_weights(ref, cfg.init_std, cfg.seed, ctxs)
+    split = r18.gluon(ref, ctxs)
     ref.hybridize()
     trainer = r18.make_optimizer(ref, cfg.lr)
-    x = nd.array(r18.data.to_float(images), ctx=ctxs[0])
+    x = nd.array(data.to_float(images), ctx=ctxs[0])
     y = nd.array(labels.astype(np.int32), ctx=ctxs[0], dtype="int32")
-    total = 0.0
-    for idx in r18.data.batches(20, 8, cfg.seed, 0):
-        losses = r18.train_step(ref, trainer, *r18.shard_batch(x, y, idx, ctxs))
-        total += sum(float(loss.asscalar()) for loss in losses)
-    assert out["timed_steps"] == [3] and len(out["sec_per_epoch"]) == 1
-    assert out["train_loss"][0] == pytest.approx(total / 20, rel=1e-6)
+    losses = []
+    for idx in data.batches(20, 8, cfg.seed, 0):
+        losses.append(r18.train_step(ref, trainer, *split(x, y, idx)))
+    assert log.timed_steps == [3] and len(log.sec_per_epoch) == 1
+    # The same float32 steps from the same weights: the epoch loss adds up the same 6
+    # per-context losses, `train` in one pass, this per step first (rule 3: another order; the
+    # sums are Python floats, so the bound is loose) ...
+    total = sum(sum(float(loss.asscalar()) for loss in step) for step in losses)
+    numerics.report(
+        "mxnet resnet18 warm-up epoch loss",
+        abs(log.train_loss[0] - total / 20) / (total / 20),
+        numerics.reordered_sum_limit(6),
+    )
+    # ... and the weights are those of the same operations: equal to the last bit.
     got, want = r18.get_weights(net), r18.get_weights(ref)
     for k, v in want.items():
-        np.testing.assert_allclose(got[k], v, rtol=1e-6, atol=1e-7, err_msg=k)
+        np.testing.assert_array_equal(got[k], v, err_msg=k)
