@@ -15,9 +15,9 @@ MUTANTS = [
         "mxnet-r18-transposed-kernel",
         "mxnet",
         R18 + "test_float64_run_reproduces_the_fixture",
-        "mxnet_impl/resnet18.py",
+        "mxnet_impl/weights.py",
         "        p.set_data(nd.array(params[k], dtype=p.dtype))",
-        "        v = np.swapaxes(params[k], -1, -2) if np.ndim(params[k]) == 4 else params[k]\n"
+        "        v = params[k].swapaxes(-1, -2) if params[k].ndim == 4 else params[k]\n"
         "        p.set_data(nd.array(v, dtype=p.dtype))",
         "conv kernels loaded transposed (HW swapped) from the exchange format",
     ),
@@ -90,7 +90,7 @@ MUTANTS = [
         "mxnet-r50-v1-stride",
         "mxnet",
         R50 + "test_float64_forward_reproduces_the_torch_fixture",
-        "mxnet_impl/resnet50.py",
+        "mxnet_impl/resnet.py",
         "        self.conv1 = nn.Conv2D(planes, 1, use_bias=False, in_channels=inplanes)\n"
         "        self.bn1 = batch_norm(planes)\n"
         "        self.conv2 = nn.Conv2D(planes, 3, stride, 1, use_bias=False, in_channels=planes)",
@@ -103,7 +103,7 @@ MUTANTS = [
         "mxnet-r50-fp16-stem",
         "mxnet",
         R50 + "test_float32_forward_matches_the_float64_fixture",
-        "mxnet_impl/resnet50.py",
+        "mxnet_impl/resnet.py",
         "        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))",
         "        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))\n"
         '        x = F.cast(F.cast(x, "float16"), "float32")',
