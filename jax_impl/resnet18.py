@@ -110,7 +110,7 @@ class ResNet18(nn.Module):
             x = block(c, name=f"layer{i}_1")(x, train)
         x = jnp.mean(x, axis=(1, 2))  # global average pool
         x = nn.Dense(self.num_classes, dtype=self.dtype, name="fc")(x)
-        return x.astype(jnp.float32)
+        return x.astype(jnp.promote_types(x.dtype, jnp.float32))  # bf16 logits: a float32 loss
 
 
 def resnet18(num_classes=NUM_CLASSES, in_channels=1, width=64, use_bn=True, **kw):

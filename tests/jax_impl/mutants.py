@@ -1,5 +1,121 @@
 """Planted bugs for jax's numerics tests (run by tests/numerics_mutants.py)."""
 
-from tests.numerics_mutants import Mutant  # noqa: F401
+from tests.numerics_mutants import Mutant
 
-MUTANTS: list = []
+R18, LENET = "tests/jax_impl/test_resnet18.py", "tests/jax_impl/test_lenet.py"
+R50 = "tests/jax_impl/test_resnet50.py"
+
+MUTANTS = [
+    Mutant(
+        "jax-r18-transposed-kernel",
+        "jax",
+        f"{R18}::test_float64_run_reproduces_the_fixture",
+        "jax_impl/weights.py",
+        "return a.transpose(2, 3, 1, 0) if a.ndim == 4",
+        "return a.transpose(3, 2, 1, 0) if a.ndim == 4",
+        "conv kernels loaded transposed (HW swapped) from the exchange format",
+    ),
+    Mutant(
+        "jax-r18-bn-momentum",
+        "jax",
+        f"{R18}::test_batchnorm_running_statistics_use_torchs_momentum",
+        "jax_impl/resnet18.py",
+        "        momentum=0.9,\n",
+        "        momentum=0.1,\n",
+        "torch's BatchNorm momentum 0.1 written as flax's momentum (which weighs the old value)",
+    ),
+    Mutant(
+        "jax-r18-bf16-block-convs",
+        "jax",
+        f"{R18}::test_float32_forward_matches_the_float64_fixture",
+        "jax_impl/resnet18.py",
+        "        conv = partial(nn.Conv, dtype=self.dtype)",
+        "        conv = partial(nn.Conv, dtype=jnp.bfloat16)",
+        "each residual block's convs hard-wired to bf16 compute (mixed precision left on)",
+    ),
+    Mutant(
+        "jax-r18-pmap-local-bn",
+        "jax",
+        f"{R18}::test_two_devices_equal_one_device_with_batchnorm[pmap]",
+        "jax_impl/resnet18.py",
+        "        norm = partial(batch_norm, train, self.use_bn, self.axis_name, self.dtype)",
+        "        norm = partial(batch_norm, train, self.use_bn, None, self.dtype)",
+        "the blocks' BatchNorms not given pmap's axis: per-device batch statistics",
+    ),
+    Mutant(
+        "jax-r18-pmap-no-pmean",
+        "jax",
+        f"{R18}::test_two_devices_equal_one_device_with_batchnorm[pmap]",
+        "jax_impl/resnet18.py",
+        "        grads, loss = lax.pmean((grads, loss), axis_name)",
+        "        loss = lax.pmean(loss, axis_name)",
+        "pmap without the gradient all-reduce: each device steps on its own half-batch gradient",
+    ),
+    Mutant(
+        "jax-r18-pmap-psum",
+        "jax",
+        f"{R18}::test_two_devices_equal_one_device_with_batchnorm[pmap]",
+        "jax_impl/resnet18.py",
+        "        grads, loss = lax.pmean((grads, loss), axis_name)",
+        "        grads, loss = lax.psum((grads, loss), axis_name)",
+        "gradients psum'd instead of pmean'd: every step N times too large",
+    ),
+    Mutant(
+        "jax-lenet-allreduce-term",
+        "jax",
+        f"{LENET}::test_matches_the_float64_reference_fixture[2]",
+        "jax_impl/lenet.py",
+        "    for i in range(1, len(data)):\n        total = total + jax.device_put(",
+        "    for i in range(2, len(data)):\n        total = total + jax.device_put(",
+        "allreduce misses device 1's gradient (an off-by-one in the sum)",
+    ),
+    Mutant(
+        "jax-lenet-shard-batch-size",
+        "jax",
+        f"{LENET}::test_two_devices_train_like_one",
+        "jax_impl/lenet.py",
+        "        _sgd(params, {name: s[i] for name, s in summed.items()}, lr, X.shape[0])",
+        "        _sgd(params, {name: s[i] for name, s in summed.items()}, lr, len(X_shards[0]))",
+        "the summed gradient divided by a device's shard size, not the batch size",
+    ),
+    Mutant(
+        "jax-lenet-flatten",
+        "jax",
+        f"{LENET}::test_float32_first_loss_matches_the_fixture",
+        "jax_impl/lenet.py",
+        "    h = h.reshape(h.shape[0], -1)  # NCHW flatten: 50 x 4 x 4 = 800",
+        "    h = h.transpose(0, 2, 3, 1).reshape(h.shape[0], -1)",
+        "NHWC flatten order before fc1 (the fixture's weights are NCHW-ordered)",
+    ),
+    Mutant(
+        "jax-r50-micro-batch-scale",
+        "jax",
+        f"{R50}::test_pipeline_equals_single_with_bn_on_running_stats[3]",
+        "jax_impl/resnet50.py",
+        "                loss, g, acts[i] = self._last(acts[i], ys[i], labels.size)",
+        "                loss, g, acts[i] = self._last(acts[i], ys[i], ys[i].size)",
+        "each micro-batch's loss scaled by its own size, not the batch's: unequal weights",
+    ),
+    Mutant(
+        "jax-r50-toy-no-relu",
+        "jax",
+        f"{R50}::test_toy_model_one_step_matches_numpy",
+        "jax_impl/resnet50.py",
+        "        x = nn.relu(self.net1(jax.device_put(x, devices[0])))",
+        "        x = self.net1(jax.device_put(x, devices[0]))",
+        "the toy model's activation dropped between the two devices",
+    ),
+    Mutant(
+        "jax-r50-v1-stride",
+        "jax",
+        f"{R50}::test_float64_forward_reproduces_the_fixture",
+        "jax_impl/resnet.py",
+        '(1, 1), use_bias=False, name="conv1")(x)\n'
+        '        out = nn.relu(batch_norm(train, "bn1")(out))\n'
+        "        out = nn.Conv(\n            self.planes, (3, 3), self.stride,",
+        '(1, 1), self.stride, use_bias=False, name="conv1")(x)\n'
+        '        out = nn.relu(batch_norm(train, "bn1")(out))\n'
+        "        out = nn.Conv(\n            self.planes, (3, 3), 1,",
+        "ResNet v1's stride on the 1x1 conv, not torchvision's v1.5 (on the 3x3)",
+    ),
+]

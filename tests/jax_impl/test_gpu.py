@@ -1,8 +1,8 @@
 """The GPU paths of JAX compute what the CPU paths compute (skipped without a CUDA GPU).
 
 Float32 convolutions and dots on NVIDIA GPUs default to TF32 in XLA; these comparisons run at
-`jax.default_matmul_precision("highest")`, so only float32 summation order differs from the
-CPU and the CPU tests' tolerances apply unchanged.
+`jax.default_matmul_precision("highest")`, so the rules of tests/fixtures/numerics.py apply
+unchanged (TF32 would be thousands of times rule 2's limit).
 """
 
 from pathlib import Path
@@ -34,19 +34,27 @@ def gpu():
     return jax.devices("gpu")[0]
 
 
-def test_lenet_on_the_gpu_matches_the_float64_reference():
-    fixture = ref.load()
-    d = gpu()
+def _lenet_steps(batches, d):
     params = lenet.init_params(ref.STD, ref.SEED)
-    device_params = [lenet.get_params(params, d)]
-    losses = []
-    for X, y in ref.batches(fixture):
+    params = {k: jax.numpy.asarray(p, batches[0][0].dtype) for k, p in params.items()}
+    device_params, losses = [lenet.get_params(params, d)], []
+    for X, y in batches:
         X, y = jax.device_put(X, d), jax.device_put(y.astype(np.int32), d)
         device_params, loss = lenet.train_batch(X, y, device_params, [d], ref.LR)
         losses.append(float(loss))
     assert all(p.devices() == {d} for p in device_params[0].values())
-    after = {k: np.asarray(p) for k, p in device_params[0].items()}
-    ref.check(fixture, losses, {k: np.asarray(p) for k, p in params.items()}, after)
+    return losses, {k: np.asarray(p) for k, p in params.items()}, device_params[0]
+
+
+def test_lenet_on_the_gpu_matches_the_float64_reference():
+    """Rule 1 in float64 on the GPU (its float64 units: the same mathematics), rule 2 for the
+    float32 first loss (tests/fixtures/numerics.py)."""
+    fixture = ref.load()
+    with jax.enable_x64(True):
+        losses, init, after = _lenet_steps(ref.batches(fixture, np.float64), gpu())
+        ref.check(fixture, losses, init, {k: np.asarray(p) for k, p in after.items()}, "jax gpu")
+    losses, _, _ = _lenet_steps(ref.batches(fixture)[:1], gpu())
+    ref.check_first_loss(fixture, losses[0], "jax gpu lenet float32")
 
 
 @pytest.mark.slow

@@ -1,4 +1,9 @@
+"""resnet50 in JAX: the toy model, the tutorial's split, model parallel and pipelined == one
+device, the committed forward fixture, main's records and refusals.
+Two virtual CPU devices come from tests/jax_impl/conftest.py."""
+
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -7,20 +12,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from common import config, devices, weights
+from common import cli, config, devices, weights
 from jax_impl import resnet50 as r50
+from tests.fixtures import make_resnet50_fixture as gen
+from tests.fixtures import numerics
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 BATCH = 4
-# float32, sums of a few thousand terms per output: micro-batches change how XLA blocks the
-# convolutions, so results agree to rounding (~1e-6 relative), not bit for bit. The bound is
-# relative to each tensor's largest entry (entries near zero have no scale of their own).
-RTOL = 1e-5
-
-
-def close(a, b, rtol=RTOL):
-    a, b = np.asarray(a), np.asarray(b)
-    return np.abs(a - b).max() <= rtol * max(np.abs(b).max(), 1e-30)
 
 
 @pytest.fixture(scope="module")
@@ -30,19 +28,42 @@ def devs():
     return found
 
 
+def toy_step(x, y, w1, b1, w2, b2, lr=0.1):
+    """ToyModel's loss and its kernels after one SGD step on MSE, in numpy float64 (flax's
+    (in, out) kernels)."""
+    pre = x @ w1 + b1
+    h = np.maximum(pre, 0)
+    out = h @ w2 + b2
+    g_out = 2 * (out - y) / out.size
+    g_h = (g_out @ w2.T) * (pre > 0)
+    after = {"net1": w1 - lr * x.T @ g_h, "net2": w2 - lr * h.T @ g_out}
+    return {"loss": np.mean((out - y) ** 2), **after}, pre
+
+
+@pytest.mark.numerics
 def test_toy_model_one_step_matches_numpy(devs):
+    """Rule 2 of tests/fixtures/numerics.py: JAX's float32 step against numpy's float64 one.
+    The 200 hidden pre-activations are checked to lie far from ReLU's kink (in units of
+    float32's error bound), so float32 cannot decide one differently."""
     k_init, k_x, k_y = jax.random.split(jax.random.key(0), 3)
     x, y = jax.random.normal(k_x, (20, 10)), jax.random.normal(k_y, (20, 5))
     p0 = jax.device_get(r50.ToyModel().init(k_init, x, devs[:1])["params"])
     params, loss = r50.train_toy(devs, lr=0.1, seed=0)
+    w = {
+        f"{k[0]}{n[-1]}": np.asarray(p0[n][m])
+        for n in ("net1", "net2")
+        for k, m in (("w", "kernel"), ("b", "bias"))
+    }
     x, y = np.asarray(x), np.asarray(y)
-    w1, b1, w2, b2 = (p0[n][k] for n in ("net1", "net2") for k in ("kernel", "bias"))
-    h = np.maximum(x @ w1 + b1, 0)
-    out = h @ w2 + b2
-    assert loss == pytest.approx(np.mean((out - y) ** 2), rel=1e-6)
-    g_out = 2 * (out - y) / out.size
-    assert close(params["net2"]["kernel"], w2 - 0.1 * h.T @ g_out)
-    assert close(params["net1"]["kernel"], w1 - 0.1 * x.T @ ((g_out @ w2.T) * (h > 0)))
+    want, pre = toy_step(x, y, **w)
+    moved = numerics.perturb({**w, "x": x, "y": y})
+    off, _ = toy_step(moved.pop("x"), moved.pop("y"), **moved)
+    factor = numerics.rounding_factor(4, 100)  # 2 layers forward, 2 back; MSE sums 100 terms
+    assert np.abs(pre).min() > 1e3 * factor * numerics.U32 * np.abs(pre).max()
+    got = {"loss": loss, **{n: np.asarray(params[n]["kernel"]) for n in ("net1", "net2")}}
+    for key, value in want.items():
+        sensitivity = numerics.rel_error(off[key], value)
+        numerics.check_float32(f"jax toy {key}", got[key], value, sensitivity, 4, 100)
     assert params["net1"]["kernel"].devices() == {devs[0]}
     assert params["net2"]["kernel"].devices() == {devs[1]}
 
@@ -67,25 +88,51 @@ def test_stages_live_on_different_devices(devs, start):
     assert sum(leaf.size for leaf in jax.tree.leaves(model.params)) == 25_557_032
 
 
-def test_forward_matches_the_torch_fixture(start):
+def _as(tree, dtype):
+    """Every array of `tree` in `dtype` (exact upwards: the weights are float32 numbers)."""
+    return jax.tree.map(lambda a: jnp.asarray(a, dtype), tree)
+
+
+def _fixture_forward(start, dtype):
     fix = np.load(FIXTURES / "resnet50_forward.npz")
     shapes = {k: v.shape for k, v in r50.get_weights(start).items()}
-    variables = r50.set_weights(start, weights.init_normal(shapes, float(fix["std"]), 0))
-    x = jnp.asarray(fix["input"].transpose(0, 2, 3, 1))  # NCHW -> NHWC
+    params = weights.init_normal(shapes, float(fix["std"]), int(fix["seed"]))
+    variables = r50.set_weights(_as(start, dtype), params)
+    x = jnp.asarray(fix["input"].transpose(0, 2, 3, 1), dtype)  # NCHW -> NHWC
     out = r50.ResNet50().apply(variables, x, train=False)
-    assert close(out, fix["output"], rtol=1e-5)  # float32 through 50 layers: ~1e-6 seen
+    assert out.dtype == dtype
+    return np.asarray(out, np.float64), fix
+
+
+@pytest.mark.numerics
+def test_float64_forward_reproduces_the_fixture(start):
+    """Rule 1: JAX's float64 eval-mode forward computes the fixture's mathematics."""
+    with jax.enable_x64(True):
+        out, fix = _fixture_forward(start, jnp.float64)
+    assert np.abs(fix["output"]).mean() > 1e-2  # not vanishing: the comparison means something
+    numerics.check_same_math("jax resnet50 float64 forward", out, fix["output"])
+
+
+@pytest.mark.numerics
+def test_float32_forward_matches_the_float64_fixture(start):
+    """Rule 2: eval-mode forward, continuous in the input."""
+    out, fix = _fixture_forward(start, jnp.float32)
+    sensitivity = float(fix["output.sensitivity"])
+    numerics.check_float32(
+        "jax resnet50 float32 forward", out, fix["output"], sensitivity, gen.STAGES, gen.REDUCTION
+    )
 
 
 @pytest.fixture(scope="module")
 def data(devs):
     x, y = r50.make_data(config.get_config("resnet50", "smoke", image_size=32), devs)
-    return x[0], y[0]
+    return np.asarray(x[0], np.float64), np.asarray(y[0], np.float64)
 
 
-def one_step(model, train_bn, x, y, lr=0.01, with_output=False):
-    """(output or None, gradients, variables after one SGD step) as numpy dicts."""
+def one_step(model, train_bn, x, y, lr=0.01):
+    """(output, gradients, variables after one SGD step) as numpy dicts."""
     model.train_bn = train_bn
-    out = np.asarray(model(x)) if with_output else None
+    out = np.asarray(model(x))
     model.train_step(x, y, lr)
     grads = {}
     for g in jax.device_get(model.grads):
@@ -94,35 +141,42 @@ def one_step(model, train_bn, x, y, lr=0.01, with_output=False):
     return out, r50.get_weights({"params": grads}), r50.get_weights(model.variables)
 
 
+def compare(name, got, ref):
+    numerics.check_same_math(f"{name}: output", got[0], ref[0])
+    numerics.check_same_math(f"{name}: gradients", got[1], ref[1])
+    numerics.check_same_math(f"{name}: weights after", got[2], ref[2])
+
+
+@pytest.mark.numerics
 @pytest.mark.multi_device
-def test_model_parallel_equals_single_exactly_in_train_mode(devs, start, data):
-    single = one_step(r50.ModelParallelResNet50(devs[:1], start), True, *data)
-    for model in (
-        r50.ModelParallelResNet50(devs, start),
-        r50.PipelineParallelResNet50(devs, start, split_size=BATCH),  # one micro-batch
-    ):
-        _, grads, after = one_step(model, True, *data)
-        # Not bitwise: one jit vs two differ in XLA's fusion choices; 1e-6 is float32 rounding.
-        for k in single[1]:
-            assert close(grads[k], single[1][k], rtol=1e-6), k
-        for k in single[2]:
-            assert close(after[k], single[2][k], rtol=1e-6), k
+def test_model_parallel_equals_single_in_train_mode(devs, start, data):
+    """Rule 1 (float64): one jit against a jit per stage differ in XLA's fusion choices, so in
+    float32 they agree only to rounding; in float64 to 2**-24."""
+    with jax.enable_x64(True):
+        start = _as(start, jnp.float64)
+        ref = one_step(r50.ModelParallelResNet50(devs[:1], start), True, *data)
+        # The step moved the weights far more than the limit: the check can see a wrong step.
+        moved = numerics.rel_error(ref[2], r50.get_weights(start))
+        assert moved > 1e3 * numerics.SAME_MATH_LIMIT, moved
+        for name, model in (
+            ("model_parallel", r50.ModelParallelResNet50(devs, start)),
+            ("pipeline one micro-batch", r50.PipelineParallelResNet50(devs, start, BATCH)),
+        ):
+            compare(f"jax resnet50 {name} vs single", one_step(model, True, *data), ref)
 
 
+@pytest.mark.numerics
 @pytest.mark.multi_device
 @pytest.mark.parametrize("split", [1, 3, BATCH])  # 3 does not divide 4: micro-batches 3 and 1
 def test_pipeline_equals_single_with_bn_on_running_stats(devs, start, data, split):
-    # Train-mode BatchNorm normalises each micro-batch by its own statistics (as the tutorial
-    # does), so only with BN on its running statistics must the results agree for every split.
-    ref = one_step(r50.ModelParallelResNet50(devs[:1], start), False, *data, with_output=True)
-    model = r50.PipelineParallelResNet50(devs, start, split)
-    got = one_step(model, False, *data, with_output=split == 3)
-    if split == 3:
-        assert close(got[0], ref[0])
-    for k in ref[1]:
-        assert close(got[1][k], ref[1][k], rtol=1e-4), k  # summed over micro-batches
-    for k in ref[2]:
-        assert close(got[2][k], ref[2][k]), k
+    """Rule 1 (float64). Train-mode BatchNorm normalises each micro-batch by its own statistics
+    (as the tutorial does), so only with BN on its running statistics must the results agree
+    for every split; the micro-batches' gradients add up to the batch's."""
+    with jax.enable_x64(True):
+        start = _as(start, jnp.float64)
+        ref = one_step(r50.ModelParallelResNet50(devs[:1], start), False, *data)
+        got = one_step(r50.PipelineParallelResNet50(devs, start, split), False, *data)
+    compare(f"jax resnet50 pipeline split {split} vs single", got, ref)
 
 
 def test_bad_split_sizes_are_clear_errors(devs, start, data):
@@ -153,24 +207,20 @@ def args_for(tmp_path, **kw):
     return argparse.Namespace(**{**base, **kw})
 
 
+def at_32(args):
+    """The smoke preset at 32x32, the size of the tests above, so their compiled stages are
+    reused (each new shape costs XLA several seconds to compile on 2 cores)."""
+    return dataclasses.replace(cli.config_of(args), image_size=32)
+
+
 def read(path):
     return [json.loads(line) for line in Path(path).read_text().splitlines()]
 
 
-@pytest.fixture
-def at_32(monkeypatch):
-    """The smoke preset at 32x32, the size of the tests above, so their compiled stages are
-    reused (each new shape costs XLA several seconds to compile on 2 cores)."""
-    get_config = config.get_config
-    monkeypatch.setattr(
-        r50.config, "get_config", lambda *a, **kw: get_config(*a, **kw, image_size=32)
-    )
-
-
 @pytest.mark.multi_device
-def test_main_default_writes_three_records(tmp_path, at_32):
+def test_main_default_writes_three_records(tmp_path):
     args = args_for(tmp_path)
-    r50.main(args, devices.DevicePlan(2, "cpu", True))
+    r50.main(args, devices.DevicePlan(2, "cpu", True), at_32(args))
     recs = read(args.results)
     assert [r["strategy"] for r in recs] == ["single", "model_parallel", "pipeline"]
     assert recs[0]["devices"] == 1 and recs[2]["split_size"] == 2
@@ -184,12 +234,22 @@ def test_main_default_writes_three_records(tmp_path, at_32):
 
 @pytest.mark.slow
 @pytest.mark.multi_device
-def test_main_sweep_writes_one_record_per_split(tmp_path, at_32):
+def test_main_sweep_writes_one_record_per_split(tmp_path):
     args = args_for(tmp_path, sweep=True)
-    r50.main(args, devices.DevicePlan(2, "cpu", True))
+    r50.main(args, devices.DevicePlan(2, "cpu", True), at_32(args))
     assert [(r["strategy"], r["split_size"], r["extra"]["sweep"]) for r in read(args.results)] == [
         ("pipeline", s, True) for s in (1, 2, 4)
     ]
+
+
+def test_one_gpu_runs_pipeline_with_both_stages_on_it(tmp_path, devs):
+    """A one-GPU plan, simulated with one CPU device: two stages share it, and the record says
+    so (it measures the per-micro-batch overhead, not overlap)."""
+    plan = devices.DevicePlan(1, "gpu", False)
+    args = args_for(tmp_path, gpus=1, strategy="pipeline", split_size=2)
+    rec = r50.run_strategy(args, plan, at_32(args), devs[:1], "pipeline", 2)
+    assert rec.devices == 1 and rec.split_size == 2
+    assert rec.extra["stages_share_device"] is True and rec.extra["num_stages"] == 2
 
 
 def test_main_refuses_bad_requests_before_writing(tmp_path):
@@ -201,5 +261,5 @@ def test_main_refuses_bad_requests_before_writing(tmp_path):
     ]
     for args, plan, message in cases:
         with pytest.raises(config.ConfigError, match=message):
-            r50.main(args, plan)
+            r50.main(args, plan, cli.config_of(args))
     assert not (tmp_path / "r.jsonl").exists()
