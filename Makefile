@@ -51,12 +51,14 @@ lock_of = locks/$(if $(filter jax,$(1)),$(JAX_LOCK),$(1)).txt
 
 # uv makes the environments; a pinned copy in its own venv, since Debian's pip refuses --user
 # installs. UV=uv uses the one on PATH; without uv, tools/venv.sh uses venv + pip (same locks).
+# (The grep drops pip's warning per package missing from a file:// index in pip.conf.)
 UV_VERSION := 0.13.9
 UV ?= $(VENV)/tools/bin/uv
 $(VENV)/tools/bin/uv:
 	@echo "== installing uv $(UV_VERSION) into $(VENV)/tools"
-	@$(PYTHON) -m venv $(VENV)/tools && $(VENV)/tools/bin/pip install $(PIP_FLAGS) uv==$(UV_VERSION) \
-	  || echo "== no uv: the environments are made with venv + pip from the same locks"
+	@$(PYTHON) -m venv $(VENV)/tools && $(VENV)/tools/bin/pip install $(PIP_FLAGS) uv==$(UV_VERSION) 2>&1 \
+	  | { grep -v 'is neither a file nor a directory' || true; }; \
+	  test -x $@ || echo "== no uv: the environments are made with venv + pip from the same locks"
 
 # A stamp per environment, newer than its lock and pyproject.toml: re-running setup is a no-op.
 # (MXNet without Python 3.10/3.11 gets no stamp, only the line saying why: tools/venv.sh.)

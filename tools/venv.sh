@@ -32,7 +32,8 @@ find_python() {  # the machine's python3, else python3.X on PATH, else one that 
   # 3.11 where listed: the version the committed results were made with.
   v=${versions[-1]}
   [[ " ${versions[*]} " == *" 3.11 "* ]] && v=3.11
-  "$uv" python find "$v" 2>/dev/null || { "$uv" python install "$v" >&2 && "$uv" python find "$v"; }
+  # (its error, when it cannot download one, becomes the one line below; `uv python install` shows it)
+  "$uv" python install -q "$v" >/dev/null 2>&1 && "$uv" python find --system "$v"
 }
 
 if [ -x "$venv/bin/python" ] && listed "$venv/bin/python"; then
