@@ -64,7 +64,6 @@ $(VENV)/tools/bin/uv:
 # (MXNet without Python 3.10/3.11 gets no stamp, only the line saying why: tools/venv.sh.)
 .SECONDEXPANSION:
 $(VENV)/%/.stamp: $$(call lock_of,$$*) pyproject.toml | $(filter $(VENV)/tools/bin/uv,$(UV))
-	@echo "== setting up $(VENV)/$* from $< (first time: minutes; torch brings several GB of CUDA wheels)"
 	@VENV=$(VENV) UV=$(UV) PYTHON=$(PYTHON) PIP_FLAGS="$(PIP_FLAGS)" \
 	  tools/venv.sh $* $< $(call pythons,$*)
 

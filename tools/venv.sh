@@ -36,10 +36,13 @@ find_python() {  # the machine's python3, else python3.X on PATH, else one that 
   "$uv" python install -q "$v" >/dev/null 2>&1 && "$uv" python find --system "$v"
 }
 
+# torch's first install downloads several GB of CUDA wheels (they run on the CPU too)
+[ "$name" = torch ] && [ ! -e "$venv" ] && big=" (first time: minutes, several GB)" || big=""
 if [ -x "$venv/bin/python" ] && listed "$venv/bin/python"; then
-  py=$venv/bin/python  # keep it: uv pip sync / pip change only what the lock changed
+  echo "== updating $venv from $lock"  # uv pip sync / pip change only what the lock changed
 elif py=$(find_python) && [ -n "$py" ]; then
-  echo "== $venv: Python $("$py" -c 'import platform; print(platform.python_version())') ($py)"
+  version=$("$py" -c 'import platform; print(platform.python_version())')
+  echo "== setting up $venv from $lock on Python $version ($py)$big"
   if [ -n "$uv" ]; then "$uv" venv -q --clear --python "$py" "$venv"; else "$py" -m venv --clear "$venv"; fi
 else
   wanted="${versions[*]}"
@@ -60,6 +63,7 @@ if [ -n "$uv" ]; then
   "$uv" pip install -q --python "$venv/bin/python" --no-deps -e .
 else
   echo "== $venv: no uv, installing $lock with pip"
+  [ -x "$venv/bin/pip" ] || "$venv/bin/python" -m ensurepip -q  # a venv that uv made has no pip
   # (a pip.conf with file:// indexes that lack a package makes pip warn once per package)
   quiet() { "$@" 2>&1 | { grep -v 'is neither a file nor a directory' || true; }; }
   quiet "$venv/bin/pip" install ${PIP_FLAGS:-} -r "$lock"
