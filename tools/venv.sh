@@ -26,7 +26,8 @@ listed() {  # listed PYTHON: it runs and is one of $versions
 find_python() {  # the machine's python3, else python3.X on PATH, else one that uv finds or fetches
   local p v
   for p in "$python" "${versions[@]/#/python}"; do
-    if listed "$p"; then command -v "$p"; return; fi
+    # (the interpreter itself, not a pyenv shim in front of it)
+    if listed "$p"; then "$p" -c 'import sys; print(sys.executable)'; return; fi
   done
   [ -n "$uv" ] || return 1
   # 3.11 where listed: the version the committed results were made with.
