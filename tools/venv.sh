@@ -60,6 +60,9 @@ else
 fi
 
 if [ -n "$uv" ]; then
+  # uv reads no pip.conf: a package mirror configured for pip (index-url) serves uv too.
+  mirror=${PIP_INDEX_URL:-$("$python" -m pip config get global.index-url 2>/dev/null || true)}
+  [ -n "${UV_DEFAULT_INDEX:-}" ] || [ -z "$mirror" ] || export UV_DEFAULT_INDEX=$mirror
   "$uv" pip sync -q --python "$venv/bin/python" "$lock"
   "$uv" pip install -q --python "$venv/bin/python" --no-deps -e .
 else
