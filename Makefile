@@ -77,6 +77,7 @@ extras_of = $(if $(filter base,$(1)),dev,$(1) dev)
 .PHONY: lock $(LOCKS:%=lock-%)
 lock: $(LOCKS:%=lock-%)
 $(LOCKS:%=lock-%): lock-%: | $(filter $(VENV)/tools/bin/uv,$(UV))
+	$(if $(UV),,$(error make lock needs uv: leave UV unset (a pinned copy) or UV=uv))
 	@echo "== locks/$*.txt for Python $(call pythons,$*)"
 	@$(UV) pip compile -q pyproject.toml $(foreach e,$(call extras_of,$*),--extra $(e)) --universal \
 	  --python-version $(firstword $(call pythons,$*)) $(if $(UPGRADE),--upgrade) \
