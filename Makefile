@@ -3,10 +3,9 @@
 #   make test                             every test suite, each in its framework's environment
 #   make numerics [NUMERICS_ISAS=AVX2]    the numerics tests, natively and with the ISA capped
 #   make bench FRAMEWORK=jax GPUS=2 [WORKLOAD=lenet] [PRESET=cpu] [PLATFORM=auto] [STRATEGY=...]
-#   make report | readme-tables | setup [FRAMEWORK=..] | lint | info | clean
+#   make report | readme-tables | setup [FRAMEWORK=..] | lock [UPGRADE=1] | lint | info | clean
 
 SHELL := /bin/bash
-PYTHON ?= python3.11
 FRAMEWORKS := torch jax mxnet
 WORKLOADS := lenet resnet18 resnet50
 VENV := .venv
@@ -16,6 +15,8 @@ WORKLOAD ?= all
 RESULTS ?= results/results.jsonl
 REPORTS ?= reports
 PIP_FLAGS ?= --quiet --disable-pip-version-check
+# The machine's Python, used for every environment whose lock supports it (tools/venv.sh).
+PYTHON ?= python3
 
 # Which framework environments a target works on: FRAMEWORK=x, or all three.
 ifdef FRAMEWORK
@@ -38,26 +39,68 @@ endif
 .PHONY: setup test numerics mutants bench report compare lint format info clean
 
 # --- environments: base (common, compare, lint) + one per framework (docs/design.md, "Environments") ------
-# A stamp per environment, newer than pyproject.toml: re-running setup is a no-op.
-$(VENV)/%/.stamp: pyproject.toml
-	@echo "== setting up $(VENV)/$* (first time: minutes; torch brings several GB of CUDA wheels)"
-	@test -x $(VENV)/$*/bin/python || $(PYTHON) -m venv $(VENV)/$*
-	@if [ "$*" = base ]; then extras=dev; else extras=$*,dev; fi; \
-	  if [ "$*" = jax ] && command -v nvidia-smi >/dev/null; then extras=jax-cuda,dev; fi; \
-	  set -o pipefail; $(VENV)/$*/bin/pip install $(PIP_FLAGS) -e ".[$$extras]" 2>&1 \
-	  | { grep -v 'is neither a file nor a directory' || true; }
-	@touch $@
+# Each is installed from its lock file in locks/ (`make lock` writes them), so every machine gets the
+# same versions as the committed results. The Pythons each lock is made for: the locked numpy 2.4
+# and flax 0.12 need 3.11+; MXNet's numpy 1.23.5 has wheels for 3.10 and 3.11 only.
+PYTHONS := 3.11 3.12 3.13
+PYTHONS_mxnet := 3.10 3.11
+pythons = $(or $(PYTHONS_$(1)),$(PYTHONS))
+# JAX with CUDA plugins where nvidia-smi is found.
+JAX_LOCK := $(if $(shell command -v nvidia-smi),jax-cuda,jax)
+lock_of = locks/$(if $(filter jax,$(1)),$(JAX_LOCK),$(1)).txt
+
+# uv makes the environments; a pinned copy in its own venv, since Debian's pip refuses --user
+# installs. UV=uv uses the one on PATH; without uv, tools/venv.sh uses venv + pip (same locks).
+# (The grep drops pip's warning per package missing from a file:// index in pip.conf.)
+UV_VERSION := 0.13.9
+UV ?= $(VENV)/tools/bin/uv
+$(VENV)/tools/bin/uv:
+	@echo "== installing uv $(UV_VERSION) into $(VENV)/tools"
+	@$(PYTHON) -m venv $(VENV)/tools && $(VENV)/tools/bin/pip install $(PIP_FLAGS) uv==$(UV_VERSION) 2>&1 \
+	  | { grep -v 'is neither a file nor a directory' || true; }; \
+	  test -x $@ || echo "== no uv: the environments are made with venv + pip from the same locks"
+
+# A stamp per environment, newer than its lock and pyproject.toml: re-running setup is a no-op.
+# (MXNet without Python 3.10/3.11 gets no stamp, only the line saying why: tools/venv.sh.)
+.SECONDEXPANSION:
+$(VENV)/%/.stamp: $$(call lock_of,$$*) pyproject.toml | $(filter $(VENV)/tools/bin/uv,$(UV))
+	@VENV=$(VENV) UV=$(UV) PYTHON=$(PYTHON) PIP_FLAGS="$(PIP_FLAGS)" \
+	  tools/venv.sh $* $< $(call pythons,$*)
 
 setup: $(VENV)/base/.stamp $(foreach f,$(SELECTED),$(VENV)/$(f)/.stamp)
+
+# Rewrite locks/*.txt from pyproject.toml. uv keeps the versions the existing lock pins (so the
+# results stay valid) unless UPGRADE=1. One universal file per environment, for every Python of
+# its list; then each is checked to install from wheels alone on x86_64 Linux for each of them.
+LOCKS := base torch jax jax-cuda mxnet
+extras_of = $(if $(filter base,$(1)),dev,$(1) dev)
+.PHONY: lock $(LOCKS:%=lock-%)
+lock: $(LOCKS:%=lock-%)
+$(LOCKS:%=lock-%): lock-%: | $(filter $(VENV)/tools/bin/uv,$(UV))
+	$(if $(UV),,$(error make lock needs uv: leave UV unset (a pinned copy) or UV=uv))
+	@echo "== locks/$*.txt for Python $(call pythons,$*)"
+	@$(UV) pip compile -q pyproject.toml $(foreach e,$(call extras_of,$*),--extra $(e)) --universal \
+	  --python-version $(firstword $(call pythons,$*)) $(if $(UPGRADE),--upgrade) \
+	  --custom-compile-command "make lock" -o locks/$*.txt
+	@for v in $(call pythons,$*); do \
+	  $(UV) pip compile -q locks/$*.txt --python-version $$v --python-platform x86_64-manylinux_2_28 \
+	    --only-binary :all: -o /dev/null || exit 1; \
+	done
+
+# A framework whose environment setup skipped (MXNet without Python 3.10/3.11) is skipped with
+# setup's line, and the rest runs: `ready f || continue` in the loops below.
+READY = ready() { [ -e $(VENV)/$$1/.stamp ] && return; \
+  echo "== $$1 skipped: $$(cat $(VENV)/$$1.skipped 2>/dev/null || echo 'not set up')"; return 1; }
 
 # --- tests: framework-free suites in base (numpy 2) and again in mxnet (numpy 1.23); each
 # framework's suite in its own environment
 test: setup
-	@status=0; \
+	@status=0; $(READY); \
 	run() { echo "== pytest in $(VENV)/$$1: $${@:2}"; $(VENV)/$$1/bin/python -m pytest -q "$${@:2}"; rc=$$?; \
 	        if [ $$rc -ne 0 ]; then echo "== FAILED in $$1 (exit $$rc)"; status=1; fi; }; \
 	run base tests/common tests/compare; \
 	for f in $(SELECTED); do \
+	  ready $$f || continue; \
 	  if [ $$f = mxnet ]; then run $$f tests/common tests/compare tests/$${f}_impl; else run $$f tests/$${f}_impl; fi; \
 	done; \
 	exit $$status
@@ -68,9 +111,10 @@ test: setup
 NUMERICS_ISAS ?= native AVX2
 ISA_CAP = ONEDNN_MAX_CPU_ISA=AVX2 DNNL_MAX_CPU_ISA=AVX2 XLA_FLAGS="$$XLA_FLAGS --xla_cpu_max_isa=AVX2"
 numerics: setup
-	@status=0; \
+	@status=0; $(READY); \
 	for isa in $(NUMERICS_ISAS); do \
 	  for f in $(SELECTED); do \
+	    ready $$f || continue; \
 	    echo "== numerics in $(VENV)/$$f, ISA $$isa"; \
 	    ( if [ $$isa = AVX2 ]; then export $(ISA_CAP); fi; \
 	      $(VENV)/$$f/bin/python -m pytest -q -m numerics tests/$${f}_impl ) \
@@ -89,6 +133,7 @@ ifndef FRAMEWORK
 	$(error bench needs FRAMEWORK=<one of: $(FRAMEWORKS)>, e.g. make bench FRAMEWORK=jax GPUS=2)
 endif
 	@$(MAKE) --no-print-directory setup FRAMEWORK=$(FRAMEWORK)
+	@$(READY); ready $(FRAMEWORK)
 	@for w in $(BENCH_WORKLOADS); do \
 	  $(VENV)/$(FRAMEWORK)/bin/python -m $(FRAMEWORK)_impl --workload $$w --gpus $(GPUS) \
 	    --platform $(PLATFORM) --results $(RESULTS) \
@@ -121,8 +166,8 @@ format: $(VENV)/base/.stamp
 info: $(VENV)/base/.stamp
 	@$(VENV)/base/bin/python -m common.info
 	@for f in $(SELECTED); do \
-	  if [ -x $(VENV)/$$f/bin/python ]; then $(VENV)/$$f/bin/python -m $${f}_impl.info; \
-	  else echo "$$f: environment not set up (make setup FRAMEWORK=$$f)"; fi; \
+	  if [ -e $(VENV)/$$f/.stamp ]; then $(VENV)/$$f/bin/python -m $${f}_impl.info; \
+	  else echo "$$f: environment not set up: $$(cat $(VENV)/$$f.skipped 2>/dev/null || echo make setup FRAMEWORK=$$f)"; fi; \
 	done
 
 clean:

@@ -16,7 +16,7 @@ import platform
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 from common import devices
@@ -69,7 +69,7 @@ class Record:
         if self.sec_per_epoch is None and self.seconds is None:
             raise ResultsError("a record needs sec_per_epoch or seconds")
         if not self.timestamp:
-            self.timestamp = datetime.now(UTC).isoformat(timespec="seconds")
+            self.timestamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

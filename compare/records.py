@@ -11,7 +11,7 @@ import math
 import re
 from collections import Counter
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 from common import results
@@ -24,7 +24,7 @@ STRATEGY_ORDER = {
     "resnet18": ("ddp", "dataparallel", "sharding", "pmap", "gluon"),
     "resnet50": ("single", "model_parallel", "pipeline", "gpipe", "1f1b"),
 }
-_OLDEST = datetime.min.replace(tzinfo=UTC)
+_OLDEST = datetime.min.replace(tzinfo=timezone.utc)
 # extra[SHARED_DEVICE] = true: a resnet50 record whose stages all ran on one device (a 1-GPU
 # machine): it measures the per-micro-batch overhead, not overlap
 SHARED_DEVICE = "stages_share_device"
@@ -208,7 +208,7 @@ def parse_time(text: str) -> datetime:
         t = datetime.fromisoformat(text)
     except (TypeError, ValueError):
         return _OLDEST
-    return t if t.tzinfo else t.replace(tzinfo=UTC)
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
 
 
 def read(paths, warnings: list[str]) -> list[Entry]:

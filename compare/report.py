@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 from compare import model_report, records, render, summary, tables
@@ -120,7 +120,8 @@ class Section:
     figures: list[tuple[Path, str]] = field(default_factory=list)
 
 
-def build(paths, out, write_html=False, preset=None, platform=None, echo=print) -> int:
+def build(paths, out, write_html=False, preset=None, platform=None, echo=print, notes=()) -> int:
+    """The report of the records in `paths`; `notes`: lines for its top (a framework not set up)."""
     out = Path(out)
     data = load(paths, preset, platform)
     if data is None:
@@ -128,12 +129,15 @@ def build(paths, out, write_html=False, preset=None, platform=None, echo=print) 
     doc = Doc()
     doc.heading(1, TITLE)
     doc.para(
-        f"Generated {datetime.now(UTC).isoformat(timespec='seconds')} from "
+        f"Generated {datetime.now(timezone.utc).isoformat(timespec='seconds')} from "
         f"{', '.join(f'`{p}`' for p in paths)}: {len(data.read)} record(s) read, "
         f"{len(data.superseded)} superseded by newer ones, {len(data.invalid)} unusable, "
         f"{len(data.warnings)} warning(s); {len(data.machines)} machine group(s). "
         "Environments (E1, ...) are listed at the end."
     )
+    doc.items(list(notes))
+    for note in notes:
+        echo(f"note: {note}")
     doc.heading(2, "Summary: the best time on each machine")
     best = summary.summary_table(data.machines)
     doc.table(best)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import os
 import subprocess
 import sys
@@ -205,6 +206,20 @@ def python_for(framework: str, venv: Path) -> Path:
     return venv / framework / "bin" / "python"
 
 
+def not_set_up(frameworks, venv: Path) -> dict[str, str]:
+    """The frameworks `make setup` skipped on this machine, with its reason (tools/venv.sh writes
+    `<venv>/<framework>.skipped`: MXNet without Python 3.10/3.11)."""
+    notes = {fw: venv / f"{fw}.skipped" for fw in frameworks}
+    return {fw: note.read_text().strip() for fw, note in notes.items() if note.is_file()}
+
+
+def without(plan: Plan, unset: dict[str, str]) -> Plan:
+    """`plan` with the steps of the frameworks in `unset` moved to its skipped list."""
+    gone = [(s, f"not set up: {unset[s.framework]}") for s in plan.steps if s.framework in unset]
+    kept = tuple(s for s in plan.steps if s.framework not in unset)
+    return dataclasses.replace(plan, steps=kept, skipped=(*plan.skipped, *gone))
+
+
 def execute(plan: Plan, results: str, venv: Path, echo=print, runner=stream, timeout=None):
     """Run every step; a failure is recorded and the next step runs."""
     outcomes = []
@@ -307,6 +322,8 @@ def main(argv: list[str] | None = None, runner=stream, echo=print) -> int:
     except PlanError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    unset = not_set_up(args.frameworks, Path(args.venv))
+    plan = without(plan, unset)
     results = str(Path(args.results).resolve())
     show_plan(plan, results, args.out, echo)
     if args.dry_run:
@@ -324,7 +341,10 @@ def main(argv: list[str] | None = None, runner=stream, echo=print) -> int:
     echo(f"total {time.perf_counter() - start:.1f} s; writing the report")
     from compare import report
 
-    code = report.build([results], args.out, args.html, plan.preset, plan.platform, echo=echo)
+    notes = [f"{fw} was not set up on this machine: {why}" for fw, why in unset.items()]
+    code = report.build(
+        [results], args.out, args.html, plan.preset, plan.platform, echo=echo, notes=notes
+    )
     return 0 if code == 0 and all(o.ok for o in outcomes) else 1
 
 

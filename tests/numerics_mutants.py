@@ -113,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    venv = Path(os.environ.get("VENV", ROOT / ".venv"))
+    for env in sorted({m.env for m in chosen if not (venv / m.env / ".stamp").exists()}):
+        print(f"{env}: not set up (make setup), its mutants are skipped")
+    chosen = [m for m in chosen if (venv / m.env / ".stamp").exists()]
     print(f"ISA: {args.isa or 'native'}\n")
     print("| mutant | bug | test | clean: error/limit | mutated: error/limit | caught |")
     print("|---|---|---|---|---|---|")

@@ -186,6 +186,25 @@ def test_end_to_end_with_fake_environments(tmp_path, capsys):
     assert "No resnet18 records in this group." in md
 
 
+def test_a_framework_setup_skipped_is_skipped_and_the_report_says_so(tmp_path):
+    """MXNet without Python 3.10/3.11: `make setup` writes <venv>/mxnet.skipped and no env."""
+    venv = fake_venv(tmp_path, frameworks=("torch", "jax"))
+    (venv / "mxnet.skipped").write_text("needs Python 3.10 or 3.11, found none on PATH\n")
+    out, lines = tmp_path / "reports", []
+    code = run.main(
+        ["--workloads", "lenet", "--platform", "cpu", "--preset", "smoke",
+         "--results", str(tmp_path / "r.jsonl"), "--out", str(out), "--venv", str(venv)],
+        echo=lines.append,
+    )  # fmt: skip
+    assert code == 0  # every run planned for the frameworks set up ran
+    text = "\n".join(lines)
+    assert "skip: mxnet lenet on 1 device(s), default strategies: not set up: needs" in text
+    assert "4 of 4 run(s) ok, 0 failed, 0 not run, 2 skipped on this machine" in text
+    assert "mxnet was not set up on this machine: needs Python 3.10 or 3.11" in text
+    md = (out / "report.md").read_text()
+    assert "- mxnet was not set up on this machine: needs Python 3.10 or 3.11" in md
+
+
 def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path):
     lines = []
 

@@ -1,8 +1,9 @@
 import jax
 import pytest
 
-from common import devices
+from common import devices, results
 from jax_impl import devices as jdev
+from tests.fixtures import locks
 
 
 def test_two_virtual_host_devices_from_conftest():
@@ -39,3 +40,9 @@ def test_a_gpu_plan_without_a_gpu_backend_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(jdev.jax, "devices", no_gpu)
     with pytest.raises(devices.DeviceError, match="no GPU backend.*PLATFORM=cpu"):
         jdev.get_devices(devices.DevicePlan(1, "gpu", False))
+
+
+def test_the_record_names_the_locked_versions():
+    versions, _ = results.environment(jdev.versions())
+    locks.check_versions(versions, ["jax", "jaxlib", "flax", "optax", "numpy"])
+    locks.check_environment()

@@ -1,7 +1,8 @@
 import mxnet as mx
 
-from common import devices
+from common import devices, results
 from mxnet_impl import devices as mdev
+from tests.fixtures import locks
 
 
 def test_cpu_contexts_are_distinct():
@@ -11,3 +12,9 @@ def test_cpu_contexts_are_distinct():
     mdev.sync()
     assert x.context == mx.cpu(1)
     assert mdev.versions()["mxnet"] == "1.9.1"
+
+
+def test_the_record_names_the_locked_versions():
+    versions, _ = results.environment(mdev.versions())
+    locks.check_versions(versions, ["mxnet", "numpy"])
+    locks.check_environment()

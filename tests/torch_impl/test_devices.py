@@ -1,6 +1,7 @@
 import torch
 
-from common import devices
+from common import devices, results
+from tests.fixtures import locks
 from torch_impl import devices as tdev
 
 
@@ -10,3 +11,9 @@ def test_virtual_cpu_devices_repeat_cpu():
     tdev.sync(devs)
     assert tdev.device_names(devs) == ["cpu", "cpu"]
     assert "torch" in tdev.versions()
+
+
+def test_the_record_names_the_locked_versions():
+    versions, _ = results.environment(tdev.versions())
+    locks.check_versions(versions, ["torch", "numpy"])
+    locks.check_environment()
