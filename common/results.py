@@ -165,6 +165,8 @@ def load(paths, skip_bad: bool = False, warnings: list[str] | None = None) -> li
 
 
 def _short(e: Exception) -> str:
+    if isinstance(e, UnicodeDecodeError):  # binary or another encoding: say so plainly
+        return f"not UTF-8 text: byte 0x{e.object[e.start]:02x} at column {e.start + 1}"
     return str(e).splitlines()[0][:200]
 
 

@@ -56,6 +56,8 @@ def test_bad_line_is_reported_with_file_and_line(tmp_path, bad):
     warnings = []
     assert len(results.load(path, skip_bad=True, warnings=warnings)) == 2
     assert len(warnings) == 1 and ":2:" in warnings[0]
+    if bad != b'{"framework": "torch", "workl\n':
+        assert "(not UTF-8 text: byte 0x" in warnings[0]
 
 
 def test_record_missing_fields_is_a_bad_line(tmp_path):
