@@ -146,16 +146,16 @@ def load(paths, skip_bad: bool = False, warnings: list[str] | None = None) -> li
     for path in map(Path, paths):
         if not path.is_file():
             raise ResultsError(f"{path}: no such results file")
-        with path.open(encoding="utf-8") as f:
-            for number, text in enumerate(f, start=1):
-                if not text.strip():
+        with path.open("rb") as f:  # bytes: one undecodable line must not lose the others
+            for number, raw in enumerate(f, start=1):
+                if not raw.strip():
                     continue
                 try:
-                    data = json.loads(text)
+                    data = json.loads(raw.decode("utf-8"))
                     if not isinstance(data, dict):
                         raise ResultsError("not a JSON object")
                     records.append(Record.from_dict(data))
-                except (json.JSONDecodeError, ResultsError, TypeError) as e:
+                except (UnicodeDecodeError, json.JSONDecodeError, ResultsError, TypeError) as e:
                     message = f"{path}:{number}: bad results line ({_short(e)})"
                     if not skip_bad:
                         raise ResultsError(message) from None
@@ -165,6 +165,8 @@ def load(paths, skip_bad: bool = False, warnings: list[str] | None = None) -> li
 
 
 def _short(e: Exception) -> str:
+    if isinstance(e, UnicodeDecodeError):  # binary or another encoding: say so plainly
+        return f"not UTF-8 text: byte 0x{e.object[e.start]:02x} at column {e.start + 1}"
     return str(e).splitlines()[0][:200]
 
 

@@ -46,7 +46,8 @@ def sec_bars(path: Path, title: str, rows: list[DpRow]) -> Path | None:
     width = 0.8 / len(counts)
     x = np.arange(len(rows))
     for j, n in enumerate(counts):
-        shown = [(i, row.cells[n]) for i, row in enumerate(rows) if n in row.cells]
+        cells = [(i, row.cells.get(n)) for i, row in enumerate(rows)]
+        shown = [(i, e) for i, e in cells if e is not None and not e.diverged]
         bars = ax.bar(
             [x[i] + (j - (len(counts) - 1) / 2) * width for i, _ in shown],
             [e.median for _, e in shown],
@@ -108,7 +109,7 @@ def accuracy(path: Path, title: str, rows: list[DpRow]) -> Path | None:
         (row, n, e.rec.test_acc_per_epoch)
         for row in rows
         for n, e in sorted(row.cells.items())
-        if e.rec.test_acc_per_epoch
+        if e.rec.test_acc_per_epoch and not e.diverged
     ]
     if not curves:
         return None
@@ -145,7 +146,7 @@ def r50_bars(path: Path, title: str, rows: list[R50Row]) -> Path | None:
         xs, ys, errs = [], [], []
         for i, row in enumerate(rows):
             e = row.best() if name == "best split" else row.runs.get(name)
-            if e is not None:
+            if e is not None and not e.diverged:
                 xs.append(i + (j - (len(R50_BARS) - 1) / 2) * width)
                 ys.append(e.median)
                 errs.append(e.std)
@@ -178,7 +179,7 @@ def sweep(path: Path, title: str, rows: list[R50Row]) -> Path | None:
             label=row.framework + (" (stages share one device)" if any_shared(es) else ""),
         )
         single = row.runs.get("single")
-        if single is not None:
+        if single is not None and not single.diverged:
             ax.axhline(single.median, color=_color(row.framework, i), linestyle=":", linewidth=1)
     _split_axis(ax, sorted({s for row in rows for s in row.sweep}))
     ax.set_xlabel("split_size (micro-batch size; log scale)")

@@ -122,10 +122,8 @@ def dp_table(workload: str, entries: list[Entry]) -> Table:
     for row in rows:
         found = [row.cells.get(n) for n in counts]
         cells = [f"{row.framework} {row.label}"]
-        cells.append(" / ".join(tables.fmt_acc(e and e.rec.test_acc) for e in found))
-        cells += [
-            DASH if e is None else tables.fmt_stats(e.stats, e.rec.extrapolated) for e in found
-        ]
+        cells.append(" / ".join(tables.fmt_acc(tables.acc_of(e)) for e in found))
+        cells += [tables.time_cell(e) for e in found]
         for n in multi:
             s = row.speedup(n)
             cells.append(tables.fmt_speedup(s and s[0], row.extrapolated(1, n)))
@@ -136,6 +134,8 @@ def dp_table(workload: str, entries: list[Entry]) -> Table:
         notes.append(f"{STAR} extrapolated: the epoch time is projected from the timed steps.")
     if with_busy:
         notes.append("GPU busy: mean NVML utilisation over the timed epochs.")
+    if any(e.diverged for e in entries):
+        notes.append(tables.DIVERGED_NOTE)
     return Table(workload, headers, body, notes)
 
 

@@ -52,6 +52,12 @@ class Entry:
         return self.rec.sec_per_epoch
 
     @property
+    def diverged(self) -> int | None:
+        """The epoch whose loss went non-finite (training stopped there), or None: such a
+        record is shown as diverged, never as a time."""
+        return self.rec.diverged_at_epoch
+
+    @property
     def median(self) -> float:
         return float(self.stats["median"])
 
@@ -220,7 +226,7 @@ def read(paths, warnings: list[str]) -> list[Entry]:
             continue
         try:
             recs = results.load(path, skip_bad=True, warnings=warnings)
-        except (results.ResultsError, OSError, UnicodeDecodeError) as e:
+        except (results.ResultsError, OSError) as e:
             warnings.append(f"{path}: cannot read ({str(e).splitlines()[0][:200]})")
             continue
         entries.extend(Entry(r, str(path), len(entries) + i) for i, r in enumerate(recs))
@@ -231,6 +237,29 @@ def problem(rec: Record) -> str | None:
     """Why a well-formed record still cannot be shown, or None."""
     if rec.workload not in WORKLOADS:
         return f"unknown workload {rec.workload!r}"
+    diverged = rec.diverged_at_epoch
+    if diverged is not None and not (_whole(diverged) and diverged >= 1):
+        return f"diverged_at_epoch must be a whole number >= 1 or null, got {diverged!r}"
+    # a diverged run is shown as diverged, so what it measured (null where non-finite) is not
+    # checked
+    why = None if diverged is not None else measured_problem(rec)
+    if why is not None:
+        return why
+    if not _whole(rec.devices) or rec.devices < 1:
+        return f"devices must be a whole number >= 1, got {rec.devices!r}"
+    if not isinstance(rec.extra, dict):
+        return "extra is not an object"
+    if not isinstance(rec.strategy, str) or not isinstance(rec.preset, str):
+        return "strategy and preset must be strings"
+    if rec.platform not in ("cpu", "gpu"):
+        return f"unknown platform {rec.platform!r}"
+    if rec.split_size is not None and (not isinstance(rec.split_size, int) or rec.split_size < 1):
+        return f"split_size must be a whole number >= 1, got {rec.split_size!r}"
+    return None
+
+
+def measured_problem(rec: Record) -> str | None:
+    """Why the times, rates or accuracies of a record (not diverged) cannot be shown, or None."""
     name = "seconds" if rec.workload == "resnet50" else "sec_per_epoch"
     stats = getattr(rec, name)
     if not isinstance(stats, dict):
@@ -239,24 +268,18 @@ def problem(rec: Record) -> str | None:
         return f"{name} has no positive median"
     if not _number(stats.get("std", 0.0)):
         return f"{name} std is not a number"
-    if not isinstance(rec.devices, int) or rec.devices < 1:
-        return f"devices must be a whole number >= 1, got {rec.devices!r}"
     if rec.test_acc is not None and not _number(rec.test_acc):
         return "test_acc is not a number"
     if rec.images_per_sec is not None and not _number(rec.images_per_sec):
         return "images_per_sec is not a number"
-    if not isinstance(rec.extra, dict):
-        return "extra is not an object"
     accs = rec.test_acc_per_epoch
     if not isinstance(accs, list) or not all(_number(a) for a in accs):
         return "test_acc_per_epoch is not a list of numbers"
-    if not isinstance(rec.strategy, str) or not isinstance(rec.preset, str):
-        return "strategy and preset must be strings"
-    if rec.platform not in ("cpu", "gpu"):
-        return f"unknown platform {rec.platform!r}"
-    if rec.split_size is not None and (not isinstance(rec.split_size, int) or rec.split_size < 1):
-        return f"split_size must be a whole number >= 1, got {rec.split_size!r}"
     return None
+
+
+def _whole(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def _number(x) -> bool:

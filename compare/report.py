@@ -9,11 +9,13 @@ comparable group (preset, platform, hardware); the report lists every record it 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from common import config, devices
 from compare import model_report, records, render, summary, tables
 from compare.records import Entry, LeftOut, Machine
 from compare.render import Doc
@@ -40,11 +42,17 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", default="reports", help="directory for report.md and plots")
     p.add_argument("--html", action="store_true", help="also write a self-contained report.html")
-    p.add_argument("--preset", default=None, help="show only this preset (default: every one)")
+    # choices: a typo (`--preset smok`) is an error, not an empty report
+    p.add_argument(
+        "--preset",
+        default=None,
+        choices=config.PRESETS,
+        help="show only this preset (default: every one)",
+    )
     p.add_argument(
         "--platform",
         default=None,
-        choices=("auto", "cpu", "gpu"),
+        choices=devices.PLATFORMS,
         help="show only this platform (default auto: every one)",
     )
     return p
@@ -54,12 +62,31 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     platform = None if args.platform in (None, "auto") else args.platform
     try:
+        check_out(Path(args.out))  # before any work, not after the plots
         return build(
             args.results or ["results/results.jsonl"], args.out, args.html, args.preset, platform
         )
     except OSError as e:
         print(f"error: cannot write the report: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+
+
+def check_out(out: Path) -> None:
+    """Refuse an output folder the report could not be written into (raises OSError)."""
+    parent = next((p for p in out.parents if p.exists()), Path("."))
+    problem = None
+    if out.exists() and not out.is_dir():
+        problem = "is not a folder"
+    elif out.exists() and not os.access(out, os.W_OK | os.X_OK):
+        problem = "is not writable"
+    elif (out / "report.md").exists() and not os.access(out / "report.md", os.W_OK):
+        problem = "holds a report.md that is not writable"
+    elif not out.exists() and not parent.is_dir():
+        problem = f"cannot be created: {parent} is not a folder"
+    elif not out.exists() and not os.access(parent, os.W_OK | os.X_OK):
+        problem = f"cannot be created: {parent} is not writable"
+    if problem:
+        raise OSError(f"{out} {problem}; choose another --out (REPORTS=)")
 
 
 @dataclass
@@ -79,9 +106,9 @@ class Loaded:
         return len(self.invalid) + len(self.superseded) + len(self.left)
 
 
-def load(paths, preset=None, platform=None) -> Loaded | None:
+def load(paths, preset=None, platform=None, out: Path | None = None) -> Loaded | None:
     """Every record of `paths`, sorted into machine groups; None (and one line on stderr) when
-    nothing can be shown."""
+    nothing can be shown: then nothing is written, and a report already in `out` stays."""
     warnings: list[str] = []
     entries = records.read(paths, warnings)
     valid, invalid = records.check(entries)
@@ -93,7 +120,7 @@ def load(paths, preset=None, platform=None) -> Loaded | None:
         there = sorted({f"preset {x.entry.rec.preset} on {x.entry.rec.platform}" for x in left})
         print(
             f"error: none of the {len(left)} usable record(s) in {files} is {asked} "
-            f"(there are: {'; '.join(there)})",
+            f"(there are: {'; '.join(there)}); choose one of those{unchanged(out)}",
             file=sys.stderr,
         )
         return None
@@ -102,12 +129,18 @@ def load(paths, preset=None, platform=None) -> Loaded | None:
         why = f"{len(problems)} problem(s); first: {problems[0]}" if problems else "no records"
         print(
             f"error: no usable results in {files} ({why}); "
-            "run `make compare` or `make bench` first",
+            f"run `make compare` or `make bench` first{unchanged(out)}",
             file=sys.stderr,
         )
         return None
     envs = records.environments(kept)
     return Loaded(entries, warnings, invalid, superseded, left, kept, machines, envs)
+
+
+def unchanged(out: Path | None) -> str:
+    """Said when a report is refused: the previous one in `out` was not overwritten."""
+    md = out / "report.md" if out is not None else None
+    return f"; {md} left as it was" if md is not None and md.exists() else ""
 
 
 @dataclass
@@ -123,7 +156,7 @@ class Section:
 def build(paths, out, write_html=False, preset=None, platform=None, echo=print, notes=()) -> int:
     """The report of the records in `paths`; `notes`: lines for its top (a framework not set up)."""
     out = Path(out)
-    data = load(paths, preset, platform)
+    data = load(paths, preset, platform, out)
     if data is None:
         return EXIT_NO_RESULTS
     doc = Doc()

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common import config, devices
+from common.results import ResultsError, check_writable
 
 ROOT = Path(__file__).resolve().parents[1]
 ALL = ("torch", "jax", "mxnet")
@@ -328,6 +329,17 @@ def main(argv: list[str] | None = None, runner=stream, echo=print) -> int:
     show_plan(plan, results, args.out, echo)
     if args.dry_run:
         return 0
+    from compare import report
+
+    try:  # before hours of runs, not after them
+        check_writable(results)
+        report.check_out(Path(args.out))
+    except ResultsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"error: cannot write the report: {e}", file=sys.stderr)
+        return 2
     note = devices.notice(devices.DevicePlan(2, "cpu", True)) if plan.platform == "cpu" else None
     if note:
         echo(note)
@@ -339,8 +351,6 @@ def main(argv: list[str] | None = None, runner=stream, echo=print) -> int:
         return 130
     summary(outcomes, plan, echo)
     echo(f"total {time.perf_counter() - start:.1f} s; writing the report")
-    from compare import report
-
     notes = [f"{fw} was not set up on this machine: {why}" for fw, why in unset.items()]
     code = report.build(
         [results], args.out, args.html, plan.preset, plan.platform, echo=echo, notes=notes

@@ -4,19 +4,34 @@ group, side by side, so what other hardware buys is one glance."""
 from __future__ import annotations
 
 from compare.records import WORKLOADS, Entry, Machine, sort_key
-from compare.tables import DASH, SHARED, STAR, Table, decimals, shared_note
+from compare.tables import (
+    DASH,
+    DIVERGED_NOTE,
+    SHARED,
+    STAR,
+    Table,
+    decimals,
+    fmt_diverged,
+    shared_note,
+)
 
 
 def best_entries(machines: list[Machine]) -> dict[tuple, dict[int, Entry]]:
     """(workload, framework, strategy) -> machine index -> the fastest record (lowest median;
-    over device counts, and for resnet50 over the split sizes of the sweep too)."""
+    over device counts, and for resnet50 over the split sizes of the sweep too). A diverged
+    record never wins: it is shown only where no record of its cell has a time."""
     best: dict[tuple, dict[int, Entry]] = {}
     for i, machine in enumerate(machines):
         for e in machine.entries:
             cells = best.setdefault((e.rec.workload, e.rec.framework, e.label), {})
-            if i not in cells or (e.median, e.order) < (cells[i].median, cells[i].order):
+            if i not in cells or rank(e) < rank(cells[i]):
                 cells[i] = e
     return best
+
+
+def rank(e: Entry) -> tuple:
+    """Timed records before diverged ones, then the lowest median."""
+    return (1, 0.0, e.order) if e.diverged else (0, e.median, e.order)
 
 
 def cell(e: Entry | None) -> str:
@@ -27,6 +42,8 @@ def cell(e: Entry | None) -> str:
     if e.rec.split_size is not None:
         where += f", split {e.rec.split_size}"
     shared = f" {SHARED}" if e.shares_device else ""
+    if e.diverged:
+        return f"{fmt_diverged(e)} ({where}){shared}"
     return f"{e.median:.{decimals(e.median)}f} s{star} ({where}){shared}"
 
 
@@ -54,4 +71,6 @@ def summary_table(machines: list[Machine]) -> Table:
     shared = [e for e in cells if e.shares_device]
     if shared:
         notes.append(f"{SHARED} {shared_note(shared[0].rec.platform)}.")
+    if any(e.diverged for e in cells):
+        notes.append(DIVERGED_NOTE)
     return Table("best time on each machine", headers, body, notes)

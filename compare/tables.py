@@ -50,6 +50,28 @@ def fmt_stats(stats: dict, star: bool = False) -> str:
     return f"{median:.{d}f} ± {std:.{d}f} s{STAR if star else ''} (n={n})"
 
 
+def fmt_diverged(e: Entry) -> str:
+    return f"diverged at epoch {e.diverged}"
+
+
+def time_cell(e: Entry | None) -> str:
+    """A record's time (median ± std, n), `diverged at epoch N`, or a dash for no record."""
+    if e is None:
+        return DASH
+    return fmt_diverged(e) if e.diverged else fmt_stats(e.stats, e.rec.extrapolated)
+
+
+def acc_of(e: Entry | None) -> float | None:
+    """The test accuracy worth showing: none for a run that diverged."""
+    return None if e is None or e.diverged else e.rec.test_acc
+
+
+DIVERGED_NOTE = (
+    "diverged at epoch N: the training loss went non-finite in epoch N and the run stopped; "
+    "its figures are not shown (rerun it with a lower --lr)."
+)
+
+
 def fmt_rate(x: float | None, star: bool = False) -> str:
     if x is None:
         return DASH
@@ -96,6 +118,8 @@ class DpRow:
         """(speedup, efficiency) at n devices against this row's 1-device run, if both ran."""
         if 1 not in self.cells or n not in self.cells:
             return None
+        if self.cells[1].diverged or self.cells[n].diverged:
+            return None
         return scaling(self.cells[1].median, self.cells[n].median, n)
 
     def extrapolated(self, *counts: int) -> bool:
@@ -132,15 +156,9 @@ def dp_table(title: str, rows: list[DpRow], envs: dict[str, str]) -> Table:
         cells = [row.framework, row.label, platform_text(row.platform, row.virtual), row.preset]
         for n in counts:
             e = row.cells.get(n)
-            if e is None:
-                cells += [DASH, DASH, DASH]
-            else:
-                star = e.rec.extrapolated
-                cells += [
-                    fmt_acc(e.rec.test_acc),
-                    fmt_stats(e.stats, star),
-                    fmt_rate(e.rec.images_per_sec, star),
-                ]
+            rate = None if e is None or e.diverged else e.rec.images_per_sec
+            star = e is not None and e.rec.extrapolated
+            cells += [fmt_acc(acc_of(e)), time_cell(e), fmt_rate(rate, star)]
             if n > 1:
                 s = row.speedup(n)
                 star = row.extrapolated(1, n)
@@ -167,6 +185,8 @@ def dp_table(title: str, rows: list[DpRow], envs: dict[str, str]) -> Table:
             "virtual devices share the host's CPU cores: the times show overheads, not the "
             "speedup accelerators would give."
         )
+    if any(e.diverged for row in rows for e in row.cells.values()):
+        notes.append(DIVERGED_NOTE)
     return Table(title, headers, body, notes)
 
 
@@ -193,7 +213,9 @@ class R50Row:
 
     def versus_single(self, e: Entry | None) -> float | None:
         single = self.runs.get("single")
-        return None if e is None or single is None else single.median / e.median
+        if e is None or single is None or e.diverged or single.diverged:
+            return None
+        return single.median / e.median
 
 
 def r50_rows(entries: list[Entry]) -> tuple[list[R50Row], list[LeftOut]]:
@@ -208,7 +230,9 @@ def r50_rows(entries: list[Entry]) -> tuple[list[R50Row], list[LeftOut]]:
         amp = e.label[len(r.strategy) :]
         key = r.framework + amp
         row = rows.setdefault(key, R50Row(key, r.platform, r.virtual, r.preset, {}, {}))
-        if e.sweep:
+        if e.sweep and e.diverged:  # a sweep point without a time: nothing to fit or plot
+            left.append(LeftOut(e, fmt_diverged(e)))
+        elif e.sweep:
             n = sweep_devices.setdefault(key, r.devices)
             if n != r.devices:
                 left.append(LeftOut(e, f"the table shows the newer sweep on {n} device(s)"))
@@ -277,12 +301,14 @@ def r50_table(title: str, rows: list[R50Row], envs: dict[str, str]) -> Table:
     shared = [e for row in rows for e in row.entries() if e.shares_device]
     if shared:
         notes.append(f"{SHARED} {shared_note(shared[0].rec.platform)}.")
+    if any(e.diverged for row in rows for e in row.entries()):
+        notes.append(DIVERGED_NOTE)
     return Table(title, headers, body, notes)
 
 
 def r50_cell(e: Entry | None, split: bool = True) -> str:
-    if e is None:
-        return DASH
+    if e is None or e.diverged:
+        return time_cell(e)
     text = fmt_stats(e.stats, e.rec.extrapolated)
     if split and e.rec.split_size is not None:
         text += f", split {e.rec.split_size}"
@@ -354,9 +380,9 @@ def dp_terminal(rows: list[DpRow]) -> Table:
                     row.framework,
                     row.label,
                     str(n),
-                    fmt_acc(e.rec.test_acc),
-                    fmt_stats(e.stats, star),
-                    fmt_rate(e.rec.images_per_sec, star),
+                    fmt_acc(acc_of(e)),
+                    time_cell(e),
+                    fmt_rate(None if e.diverged else e.rec.images_per_sec, star),
                     fmt_speedup(s and s[0], both),
                     fmt_efficiency(s and s[1], both),
                 ]

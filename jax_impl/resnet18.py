@@ -39,7 +39,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from common import cli, config, data, devices, timing, training, utilization, weights
+from common import cli, config, data, devices, processes, timing, training, utilization, weights
 from jax_impl import devices as jdev
 from jax_impl import weights as jweights
 
@@ -297,9 +297,10 @@ def _accuracy(correct, state, x_test, y_test, count, n, place):
 
 def distributed_init(strategy, plan):
     """Multi-process JAX when JAX_NUM_PROCESSES > 1: join the coordinator; the plan then counts
-    every process's devices. Must run before anything touches a JAX backend."""
-    processes = int(os.environ.get("JAX_NUM_PROCESSES", "1"))
-    if processes < 2:
+    every process's devices. Must run before anything touches a JAX backend. Bad JAX_* values
+    are config errors; waiting for the others ends after JAX_INIT_TIMEOUT s (default 60)."""
+    count = processes.env_int("JAX_NUM_PROCESSES", "1", 1)
+    if count < 2:
         return plan, None
     if strategy != "sharding":
         raise config.ConfigError("several JAX processes need --strategy sharding (not pmap)")
@@ -307,14 +308,37 @@ def distributed_init(strategy, plan):
         raise config.ConfigError(
             "JAX_NUM_PROCESSES is set: also set JAX_COORDINATOR_ADDRESS and JAX_PROCESS_ID"
         )
-    jax.distributed.initialize(
-        os.environ["JAX_COORDINATOR_ADDRESS"],
-        processes,
-        int(os.environ["JAX_PROCESS_ID"]),
-        initialization_timeout=120,
-    )
+    rank = processes.env_int("JAX_PROCESS_ID", None, 0)
+    if rank >= count:
+        raise config.ConfigError(
+            f"JAX_PROCESS_ID={rank} of {count} processes: use 0 to {count - 1}"
+        )
+    address = os.environ["JAX_COORDINATOR_ADDRESS"]
+    port = processes.port_of(address, "JAX_COORDINATOR_ADDRESS")
+    if rank == 0:  # jax segfaults when its coordinator cannot bind the port
+        processes.check_port_free(port, "JAX_COORDINATOR_ADDRESS")
+    timeout = processes.env_int("JAX_INIT_TIMEOUT", "60", 1)
+    # jax's own deadline aborts with a C++ stack dump: this one ends the wait first, in one line
+    with processes.deadline(
+        timeout, _not_joined(rank, count, address, timeout), cli.EXIT_BAD_INPUT
+    ):
+        jax.distributed.initialize(address, count, rank, initialization_timeout=timeout + 60)
     devs = jax.devices("gpu" if plan.platform == "gpu" else "cpu")  # every process's devices
     return devices.DevicePlan(len(devs), plan.platform, plan.virtual), devs
+
+
+def _not_joined(rank, count, address, timeout):
+    """What to do when the processes did not all meet in time, as seen from process `rank`."""
+    if rank == 0:
+        ids = "1" if count == 2 else f"1 to {count - 1}"
+        what = f"process {ids} of {count} did not join within {timeout} s; start it"
+    else:
+        ids = f"0 (the coordinator) to {count - 1}"
+        what = f"process {rank} of {count} waited {timeout} s for the others; start them"
+    return (
+        f"error: {what} with JAX_PROCESS_ID={ids}, JAX_NUM_PROCESSES={count} and "
+        f"JAX_COORDINATOR_ADDRESS={address} (or raise JAX_INIT_TIMEOUT)"
+    )
 
 
 def main(args, plan, cfg):

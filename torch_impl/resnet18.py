@@ -15,10 +15,18 @@ worker entry of this module on every node with the same arguments as `python -m 
 
   python -m torch.distributed.run --nnodes=2 --node-rank=R --nproc-per-node=G \
       --rdzv-backend=c10d --rdzv-endpoint=HOST:29500 \
+      --rdzv-conf=join_timeout=300,read_timeout=60 \
       -m torch_impl.resnet18 --workload resnet18 --gpus G [--preset ...] [--results ...]
 
 (R = 0 on HOST, 1 on the other; `--gpus` is per node; the world size is nnodes x G and the
 batch and lr scale with it). Two "nodes" on one machine work the same with HOST=127.0.0.1.
+The waits, in seconds: `join_timeout` for the other nodes to join (torch's default 600), then
+torchrun ends with a RendezvousTimeoutError traceback; `read_timeout` for a node to reach HOST's
+store (default 60), then RendezvousConnectionError. Neither bounds a busy port: when another
+program listens on HOST:29500, torch 2.15's store client connects to it and waits for an answer
+forever, without a word (with LOGLEVEL=INFO, torchrun's launch configs are the last lines). So
+check the port on HOST first: `python -c "import socket; socket.create_server(('', 29500))"`
+fails with "Address already in use" when it is taken; then choose another port for every node.
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ class Block(importlib.abc.MetaPathFinder):
             raise ImportError(f"{name} is blocked in this test")
 sys.meta_path.insert(0, Block())
 import common.cli, common.config, common.data, common.devices, common.info
-import common.results, common.stages, common.timing, common.utilization, common.weights
+import common.processes, common.results, common.stages, common.timing, common.utilization
+import common.weights
 loaded = BLOCKED & {m.split(".")[0] for m in sys.modules}
 assert not loaded, loaded
 print("ok")

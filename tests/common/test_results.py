@@ -39,17 +39,25 @@ def test_round_trip(tmp_path):
     assert results.load(path) == [a, b]
 
 
-def test_bad_line_is_reported_with_file_and_line(tmp_path):
+@pytest.mark.parametrize(
+    "bad",
+    [b'{"framework": "torch", "workl\n', b"\x89PNG\x1a\xff\xfe\x00 binary\n", b'{"a": "\xe9"}\n'],
+    ids=["malformed json", "binary", "latin-1"],
+)
+def test_bad_line_is_reported_with_file_and_line(tmp_path, bad):
+    """A malformed or undecodable line is one bad line: the lines around it still load."""
     path = tmp_path / "r.jsonl"
     results.append(make(), path)
-    with path.open("a") as f:
-        f.write('{"framework": "torch", "workl\n')
+    with path.open("ab") as f:
+        f.write(bad)
     results.append(make(), path)
     with pytest.raises(results.ResultsError, match=r"r\.jsonl:2: bad results line"):
         results.load(path)
     warnings = []
     assert len(results.load(path, skip_bad=True, warnings=warnings)) == 2
     assert len(warnings) == 1 and ":2:" in warnings[0]
+    if bad != b'{"framework": "torch", "workl\n':
+        assert "(not UTF-8 text: byte 0x" in warnings[0]
 
 
 def test_record_missing_fields_is_a_bad_line(tmp_path):

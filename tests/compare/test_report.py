@@ -2,13 +2,16 @@
 the arithmetic behind them, the plots, and what is left out and why."""
 
 import json
+import os
 import re
+from pathlib import Path
 
 import matplotlib.image
 import pytest
 
+from common import results
 from common.results import Record
-from compare import records, report, tables
+from compare import readme, records, report, tables
 from tests.compare import fixture_records
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -340,16 +343,72 @@ def test_selected_preset_leaves_the_others_out(tmp_path):
 def test_nothing_of_the_preset_asked_for_is_an_error(tmp_path, capsys):
     out = tmp_path / "out"
     code = report.main(["--results", str(fixture_records.FIXTURE), "--out", str(out),
-                        "--preset", "tiny"])  # fmt: skip
+                        "--preset", "smoke", "--platform", "gpu"])  # fmt: skip
     err = capsys.readouterr().err
     assert code == report.EXIT_NO_RESULTS and "Traceback" not in err
     assert err.startswith("error: none of the 48 usable record(s) in ")
     assert (
-        "is preset tiny (there are: preset cpu on cpu; preset full on gpu; preset smoke on cpu)"
-        in err
+        "is preset smoke, platform gpu (there are: preset cpu on cpu; preset full on gpu; "
+        "preset smoke on cpu); choose one of those" in err
     )
     assert len(err.strip().splitlines()) == 1
-    assert not out.exists()  # nothing written, no empty report over a good one
+    assert not out.exists()  # nothing written
+
+
+def test_a_good_report_is_not_overwritten_when_nothing_is_comparable(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert report.main(["--results", str(fixture_records.FIXTURE), "--out", str(out)]) == 0
+    good = (out / "report.md").read_text()
+    capsys.readouterr()
+    fixture = str(fixture_records.FIXTURE)
+    for argv in (
+        ["--results", fixture, "--preset", "smoke", "--platform", "gpu"],  # nothing asked for
+        ["--results", str(tmp_path / "missing.jsonl")],  # nothing at all
+    ):
+        code = report.main([*argv, "--out", str(out)])
+        err = capsys.readouterr().err
+        assert code == report.EXIT_NO_RESULTS and len(err.strip().splitlines()) == 1
+        assert err.strip().endswith(f"{out / 'report.md'} left as it was")
+        assert (out / "report.md").read_text() == good
+
+
+@pytest.mark.parametrize(
+    "make, read_only, problem",
+    [
+        (lambda p: p.write_text("a file"), None, "is not a folder"),
+        (lambda p: p.mkdir(), "itself", "is not writable"),
+        (lambda p: None, "parent", "cannot be created: "),
+        (lambda p: p.parent.rmdir() or p.parent.write_text("a file"), None, "cannot be created: "),
+    ],
+    ids=["a file", "read-only", "parent read-only", "parent a file"],
+)
+def test_an_unwritable_report_folder_is_one_line_before_any_work(
+    tmp_path, capsys, monkeypatch, make, read_only, problem
+):
+    out = tmp_path / "sub" / "out"
+    out.parent.mkdir()
+    make(out)
+    if read_only:  # as os.access says on a read-only folder (root may write anywhere)
+        denied = (out if read_only == "itself" else out.parent).resolve()
+        monkeypatch.setattr(os, "access", lambda p, mode: Path(p).resolve() != denied)
+    monkeypatch.setattr(report, "build", lambda *a, **k: pytest.fail("worked before checking"))
+    code = report.main(["--results", str(fixture_records.FIXTURE), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == report.EXIT_BAD_INPUT and len(err.strip().splitlines()) == 1
+    assert err.startswith(f"error: cannot write the report: {out} {problem}")
+    assert err.strip().endswith("choose another --out (REPORTS=)")
+
+
+def test_an_undecodable_line_is_skipped_like_a_malformed_one(tmp_path):
+    path = tmp_path / "r.jsonl"
+    good = fixture_records.FIXTURE.read_bytes()
+    path.write_bytes(b"\x89PNG\x1a\xff\xfe\x00 binary\n" + good)
+    lines = []
+    assert report.build([str(path)], tmp_path / "out", echo=lines.append) == 0
+    left = (tmp_path / "out" / "report.md").read_text().split("\n## Left out\n", 1)[1]
+    assert f"{path}:1: bad results line" in left  # the binary line
+    assert f"{path}:5: bad results line" in left  # the fixture's malformed line, one further
+    assert any(x.startswith(f"warning: {path}:1: bad results line (") for x in lines)
 
 
 @pytest.mark.parametrize(
@@ -402,3 +461,52 @@ def test_odd_records_are_left_out_with_the_reason(tmp_path, change, reason):
     assert report.build([str(path)], tmp_path / "out", echo=lambda *_: None) == 0
     left = (tmp_path / "out" / "report.md").read_text().split("## Left out", 1)[1]
     assert "not a time (" in left and f"): {reason}" in left
+
+
+def diverged_records() -> list[Record]:
+    """torch lenet: 10 s on 1 device, and on 2 a faster run that diverged in epoch 2; jax lenet
+    diverged in epoch 1 with its times null; torch resnet50: single diverged, model_parallel 2 s,
+    and a sweep whose split 3 diverged."""
+    lenet, r50 = fixture_records.lenet, fixture_records.resnet50
+    null_times = {"median": None, "mean": None, "std": None, "min": None, "max": None, "n": 1}
+    return [
+        lenet("torch", 1, 10.0, 0.5, 0.812, 6000.0),
+        lenet("torch", 2, 1.0, 0.1, 0.1, 60000.0, diverged_at_epoch=2),
+        fixture_records.record(
+            "jax", "lenet", "scratch", 1, "2026-11-20T10:00:00+00:00", epochs=1,
+            sec_per_epoch=null_times, test_acc=float("nan"), test_acc_per_epoch=[float("nan")],
+            train_loss=[float("inf")], diverged_at_epoch=1,
+        ),
+        r50("torch", "single", 0.5, 1, devices=1, diverged_at_epoch=1),
+        r50("torch", "model_parallel", 2.0, 2),
+        r50("torch", "pipeline", 3.0, 3, split=2, sweep=True),
+        r50("torch", "pipeline", 0.1, 4, split=3, sweep=True, diverged_at_epoch=1),
+    ]  # fmt: skip
+
+
+def test_a_diverged_record_is_shown_as_diverged_never_as_a_time(tmp_path):
+    path = tmp_path / "r.jsonl"
+    for rec in diverged_records():
+        results.append(rec, path)  # as a run writes it: nan as null
+    lines = []
+    assert report.build([str(path)], tmp_path / "out", echo=lines.append) == 0
+    md = (tmp_path / "out" / "report.md").read_text()
+    rows = table_rows(md, "lenet")
+    torch, jax = rows[("torch", "scratch")], rows[("jax", "scratch")]
+    assert torch["sec/epoch (1 dev)"] == "10.0 ± 0.5 s (n=3)"
+    assert torch["sec/epoch (2 dev)"] == "diverged at epoch 2"
+    assert torch["test acc (2 dev)"] == torch["images/s (2 dev)"] == "–"
+    assert torch["speedup (2 dev)"] == torch["efficiency (2 dev)"] == "–"
+    assert jax["sec/epoch (1 dev)"] == "diverged at epoch 1" and jax["test acc (1 dev)"] == "–"
+    r50 = table_rows(md, "resnet50", keys=1)[("torch",)]
+    assert r50["single"] == "diverged at epoch 1" and r50["model_parallel vs single"] == "–"
+    assert r50["pipeline, best split"].startswith("3.00 ± ") and r50["best split size"] == "2"
+    best = table_rows(md, "## Summary", keys=3)
+    assert best[("lenet", "torch", "scratch")][CPU] == "10.0 s (1 dev)"  # not the diverged 1 s
+    assert best[("lenet", "jax", "scratch")][CPU] == "diverged at epoch 1 (1 dev)"
+    assert best[("resnet50", "torch", "pipeline")][CPU] == "3.00 s (2 dev, split 2)"
+    assert tables.DIVERGED_NOTE in md and "diverged at epoch 2" in "\n".join(lines)
+    left = md.split("\n## Left out\n", 1)[1]
+    assert "Unusable" not in left and "split 3" in left and ": diverged at epoch 1" in left
+    readme_rows = readme.dp_table("lenet", records.read([path], [])[:3]).rows
+    assert readme_rows[0][1:] == ["0.812 / –", "10.0 ± 0.5 s (n=3)", "diverged at epoch 2", "–"]

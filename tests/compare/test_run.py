@@ -231,6 +231,26 @@ def test_bad_request_is_one_line(capsys):
     assert err.startswith("error: unknown framework") and len(err.splitlines()) == 1
 
 
+@pytest.mark.parametrize(
+    "results, out, message",
+    [
+        ("r.jsonl", "f", "error: cannot write the report: {tmp}/f is not a folder; choose another"),
+        ("f/r.jsonl", "out", "error: results file {tmp}/f/r.jsonl cannot be created"),
+    ],
+)
+def test_unwritable_outputs_are_refused_before_any_run(tmp_path, capsys, results, out, message):
+    (tmp_path / "f").write_text("a file")
+
+    def runner(*_):
+        raise AssertionError("nothing may run before the outputs are checked")
+
+    argv = ["--platform", "cpu", "--frameworks", "torch", "--workloads", "lenet"]
+    argv += ["--results", str(tmp_path / results), "--out", str(tmp_path / out)]
+    assert run.main(argv, runner=runner, echo=lambda *_: None) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message.replace("{tmp}", str(tmp_path))) and err.count("\n") == 1
+
+
 def test_stream_keeps_the_stderr_tail_and_times_out():
     lines = []
     code, tail, note = run.stream(

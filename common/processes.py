@@ -1,0 +1,76 @@
+"""Several processes that must meet: their settings from the environment, the coordinator's
+address and port, and a bounded wait (docs/design.md, "Devices").
+
+A framework's own wait for its peers can end in a C++ abort or a silent hang; the run instead
+checks what it can before the wait and gives the wait a deadline of its own that ends the
+process with one line.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from common import config
+
+
+def env_int(name: str, default: str | None, low: int) -> int:
+    """A whole number >= `low` from the environment variable `name` (else `default`)."""
+    text = os.environ.get(name, default)
+    try:
+        value = int(text)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        value = None
+    if value is None or value < low:
+        raise config.ConfigError(f"{name} must be a whole number >= {low}, got {text!r}")
+    return value
+
+
+def port_of(address: str, name: str) -> int:
+    """The port of `host:port` (the environment variable `name` holds it)."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise config.ConfigError(f"{name} must be host:port, got {address!r}")
+    return int(port)
+
+
+def check_port_free(port: int, name: str) -> None:
+    """Refuse a port that a server cannot bind on every address (as gRPC binds `[::]:port`,
+    with SO_REUSEADDR): another program holds it."""
+    try:
+        probe = socket.socket(socket.AF_INET6)
+    except OSError:  # no IPv6 here: probe IPv4's every address instead
+        probe = socket.socket(socket.AF_INET)
+    with probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("::" if probe.family == socket.AF_INET6 else "", port))
+        except OSError as e:
+            raise config.ConfigError(
+                f"port {port} of {name} cannot be used ({e.strerror}): another program holds "
+                "it; choose a free port for every process"
+            ) from None
+
+
+@contextmanager
+def deadline(seconds: float, line: str, code: int) -> Iterator[None]:
+    """Run the body; if it has not finished after `seconds`, print `line` on stderr and end the
+    process with `code`. The body may be blocked inside C++ (a framework's wait), where no
+    exception can reach it: a timer thread ends the process instead."""
+
+    def expire() -> None:
+        sys.stdout.flush()
+        print(line, file=sys.stderr, flush=True)
+        os._exit(code)
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
