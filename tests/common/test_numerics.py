@@ -50,3 +50,18 @@ def test_float32_limit_never_goes_below_float32s_own_rounding():
         numerics.check_float32("far", want * (1 + 1e-3), want, 0.0, stages=4, reduction=100)
     with pytest.raises(AssertionError):
         numerics.check_same_math("float64", want * (1 + 1e-6), want)
+
+
+def test_every_planted_bug_still_applies():
+    """Each mutant's text occurs exactly once in its file and its test exists, so a refactor
+    cannot silently turn `make mutants` into a list of bugs that no longer plant."""
+    from pathlib import Path
+
+    from tests.numerics_mutants import ROOT, all_mutants
+
+    for m in all_mutants():
+        text = (ROOT / m.path).read_text()
+        assert text.count(m.old) == 1, f"{m.id}: its text occurs {text.count(m.old)}x in {m.path}"
+        test_file, _, name = m.test.partition("::")
+        name = name.split("[")[0]
+        assert f"def {name}(" in Path(ROOT / test_file).read_text(), f"{m.id}: no {m.test}"

@@ -28,8 +28,8 @@ MUTANTS = [
         "torch",
         "tests/torch_impl/test_resnet18.py::test_float32_forward_matches_the_float64_fixture",
         "torch_impl/resnet18.py",
-        "def train_step(net, optimizer, x, y, scale=1.0, amp=False):",
-        "def train_step(net, optimizer, x, y, scale=1.0, amp=True):",
+        "def train_step(net, optimizer, x, y, amp=False):",
+        "def train_step(net, optimizer, x, y, amp=True):",
         "bf16 autocast on by default in the training step",
     ),
     Mutant(
