@@ -146,6 +146,7 @@ def _args(**kw):
         split_size=None,
         sweep=False,
         amp="off",
+        compile=False,
         results="/nonexistent/never-written.jsonl",
         no_progress=True,
     )
