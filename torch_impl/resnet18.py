@@ -194,7 +194,7 @@ def train(net, cfg, ds, devs, strategy, sampler=None, no_progress=False, amp=Fal
     if compiled:
         # The inner module, in place (its weights keep their names), before DDP or DataParallel
         # wraps it, as torch's docs advise. It compiles on its first calls: in the warm-up below,
-        # once per batch shape, never in a timed epoch (evaluation mode: at the first test).
+        # once per batch shape, never in a timed epoch (evaluation runs eagerly).
         net.compile()
     net = ddp(net, device) if strategy == "ddp" else data_parallel(net, devs)
     x_train, y_train, x_test, y_test = _to_device(ds, device)
@@ -259,9 +259,11 @@ def _test_accuracy(net, x_test, y_test, batch_size, amp, rank, world):
         x_test, y_test = x_test[part[0] : part[-1] + 1], y_test[part[0] : part[-1] + 1]
     # DDP: each rank runs its local module (no collectives); DataParallel scatters as usual.
     module = net.module if isinstance(net, nn.parallel.DistributedDataParallel) else net
-    counts = torch.tensor(  # on the device: NCCL reduces CUDA tensors only
-        evaluate(module, x_test, y_test, batch_size, amp), dtype=torch.float64, device=x_test.device
-    )
+    # A compiled module (--compile) evaluates eagerly: evaluation is not timed, and compiling
+    # its mode and batch shapes would spend time outside the warm-up.
+    with torch.compiler.set_stance("force_eager"):
+        correct = evaluate(module, x_test, y_test, batch_size, amp)
+    counts = torch.tensor(correct, dtype=torch.float64, device=x_test.device)  # NCCL: CUDA only
     if world > 1:
         dist.all_reduce(counts)
     return float(counts[0] / counts[1])
