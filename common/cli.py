@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from common import config, data, devices, results, training, weights
+from common import config, data, devices, flops, results, training, weights
 
 EXIT_BAD_INPUT = 2
 EXIT_NOT_IMPLEMENTED = 3
@@ -62,6 +62,11 @@ def parser(framework: str) -> argparse.ArgumentParser:
     p.add_argument("--sweep", action="store_true", help="resnet50: sweep the preset's split sizes")
     p.add_argument("--amp", choices=("off", "bf16"), default="off", help="mixed precision")
     p.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch resnet18 and resnet50 single: torch.compile the model (compiled in warm-up)",
+    )
+    p.add_argument(
         "--results", default=str(results.DEFAULT_PATH), help="JSON Lines file to append to"
     )
     p.add_argument(
@@ -84,6 +89,35 @@ def overrides(args: argparse.Namespace) -> dict:
     }
 
 
+COMPILE_SCOPE = "--compile applies to torch resnet18 and resnet50 single"
+
+
+def check_compile(framework: str, args: argparse.Namespace, n_devices: int) -> None:
+    """--compile asks for torch.compile, torch's counterpart of JAX's jit and Gluon's hybridize:
+    refused in one line where there is no eager torch path to compile."""
+    if not getattr(args, "compile", False):
+        return
+    if framework == "jax":
+        raise config.ConfigError("--compile is for torch: JAX always compiles (jit); drop it")
+    if framework == "mxnet":
+        raise config.ConfigError(
+            "--compile is for torch: MXNet's resnet18 and resnet50 are hybridized (compiled) "
+            "already and its lenet is written from scratch; drop it"
+        )
+    if args.workload == "lenet":
+        raise config.ConfigError(f"{COMPILE_SCOPE}, not lenet; drop it")
+    if args.workload == "resnet50" and args.sweep:
+        raise config.ConfigError(f"{COMPILE_SCOPE}, not the --sweep; drop it")
+    default = "single" if n_devices == 1 else "single, model_parallel and pipeline"
+    strategy = args.strategy or (default if args.workload == "resnet50" else "ddp")
+    if args.workload == "resnet50" and strategy != "single":
+        raise config.ConfigError(f"{COMPILE_SCOPE}, not resnet50 {strategy}; drop it")
+    if args.workload == "resnet18" and strategy == "dataparallel" and n_devices > 1:
+        # nn.DataParallel copies the module onto each GPU per step; a compiled module's copies
+        # would all call the original on GPU 0. DDP compiles the module of each process.
+        raise config.ConfigError("--compile with dataparallel runs on 1 GPU; use --strategy ddp")
+
+
 def config_of(args: argparse.Namespace):
     """The workload's config at the chosen preset with the command line's overrides."""
     return config.get_config(args.workload, args.preset, **overrides(args))
@@ -100,6 +134,7 @@ def run(
         if args.preset is None:
             args.preset = config.default_preset(plan.platform == "gpu")
         cfg = config_of(args)  # bad settings fail before a framework is imported
+        check_compile(framework, args, plan.count)
         results.check_writable(args.results)  # before hours of training, not after
         if before_import is not None:
             before_import(plan)
@@ -131,6 +166,16 @@ def make_record(framework, args, plan, cfg, device_names, framework_versions, **
     versions, hardware = results.environment(framework_versions)
     if args.workload in ("lenet", "resnet18"):  # which copy of Fashion-MNIST the run read
         fields["extra"] = {**fields.get("extra", {}), "data_dir": str(data.find_dir())}
+    if framework == "torch":  # eager, or compiled (--compile): JAX and MXNet always compile
+        fields["extra"] = {**fields.get("extra", {}), "compiled": getattr(args, "compile", False)}
+    gpus = [g["name"] for g in hardware["gpus"]] if plan.platform == "gpu" else []
+    fields["flops"] = flops.record_fields(
+        args.workload,
+        flops.shape_of(args.workload, cfg),
+        fields.get("images_per_sec"),
+        flops.peak_names(device_names, gpus, plan.count),
+        "bf16" if args.amp == "bf16" else "float32",
+    )
     return results.Record(
         framework=framework,
         workload=args.workload,

@@ -23,6 +23,7 @@ device name a record carries. CPUs and unknown devices have no peak (None).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -218,3 +219,51 @@ def fraction_of_peak(
     if not peaks or None in peaks:
         return None
     return achieved / sum(peaks)
+
+
+# --- what a record carries -------------------------------------------------------------------
+COUNTED = (
+    "convolutions and dense layers at 2 FLOPs per multiply-add (common/flops.py); "
+    "training = 3 x forward"
+)
+
+
+def shape_of(workload: str, cfg) -> dict:
+    """The *_layers arguments of the model a workload's config trains (resnet18 at full width)."""
+    if workload == "resnet50":
+        return {"image_size": cfg.image_size, "num_classes": cfg.num_classes}
+    return {"image_size": cfg.image_size} if workload == "resnet18" else {}
+
+
+def peak_names(device_names: Sequence[str], gpu_names: Sequence[str], count: int) -> list[str]:
+    """The names to look a run's peak up by: its devices' own where they name a known part,
+    else (torch's DDP ranks are `rank0:cuda`) nvidia-smi's, when every GPU is one model.
+    `gpu_names` is empty for a run on CPU devices, which has no peak."""
+    if device_names and all(device_part(n) for n in device_names):
+        return list(device_names)
+    models = set(gpu_names)
+    if len(models) == 1 and device_part(next(iter(models))):
+        return [next(iter(models))] * count
+    return list(device_names)
+
+
+def record_fields(workload, shape, images_per_sec, device_names, dtype) -> dict:
+    """A record's `flops`: the model's FLOPs per image (forward, training), the TFLOP/s the run
+    achieved, and the fraction of its devices' summed dense peak (None where any is unknown).
+    `dtype` 'float32' is held to the TF32 peak (module docstring of peak_tflops)."""
+    forward = forward_flops(workload, **shape)
+    train = TRAIN_MULTIPLIER * forward
+    ok = isinstance(images_per_sec, int | float) and math.isfinite(images_per_sec)
+    achieved = achieved_tflops(train, images_per_sec) if ok else None
+    peaks = [peak_tflops(name, dtype) for name in device_names]
+    peak = None if not peaks or None in peaks else sum(peaks)
+    return {
+        "forward_per_image": forward,
+        "train_per_image": train,
+        "counted": COUNTED,
+        "dtype": dtype,
+        "achieved_tflops": achieved,
+        "peak_tflops": peak,
+        "peak_kind": None if peak is None else ("bf16" if dtype == "bf16" else "tf32"),
+        "fraction_of_peak": None if peak is None or achieved is None else achieved / peak,
+    }

@@ -56,6 +56,8 @@ class Record:
     steps_timed: int | None = None  # steps actually run per epoch when extrapolated
     split_size: int | None = None
     diverged_at_epoch: int | None = None  # the epoch whose loss went non-finite; training stopped
+    # model FLOPs per image, achieved TFLOP/s and the fraction of peak (common.flops.record_fields)
+    flops: dict | None = None
     extra: dict = field(default_factory=dict)  # workload-specific: memory, utilisation, ...
     versions: dict = field(default_factory=dict)
     hardware: dict = field(default_factory=dict)

@@ -40,9 +40,12 @@ class Entry:
 
     @property
     def label(self) -> str:
-        """The strategy, plus the precision when it is not the default float32."""
-        amp = self.rec.extra.get("amp") if isinstance(self.rec.extra, dict) else None
-        return self.rec.strategy + (f"+{amp}" if amp and amp != "off" else "")
+        """The strategy, plus the precision when it is not the default float32, plus `compiled`
+        for a torch run with --compile (torch.compile): eager and compiled are separate rows."""
+        extra = self.rec.extra if isinstance(self.rec.extra, dict) else {}
+        amp = extra.get("amp")
+        label = self.rec.strategy + (f"+{amp}" if amp and amp != "off" else "")
+        return label + ("+compiled" if extra.get("compiled") is True else "")
 
     @property
     def stats(self) -> dict:

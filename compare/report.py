@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from common import config, devices
-from compare import model_report, records, render, summary, tables
+from compare import model_report, records, render, summary, tables, throughput
 from compare.records import Entry, LeftOut, Machine
 from compare.render import Doc
 from compare.tables import R50Row, Table
@@ -169,6 +169,7 @@ def build(paths, out, write_html=False, preset=None, platform=None, echo=print, 
         "Environments (E1, ...) are listed at the end."
     )
     doc.items(list(notes))
+    doc.para(throughput.COMPILED_NOTE)
     for note in notes:
         echo(f"note: {note}")
     doc.heading(2, "Summary: the best time on each machine")
@@ -247,6 +248,7 @@ def dp_section(doc: Doc, s: Section, out: Path, envs: dict[str, str]) -> None:
     s.table = tables.dp_table(s.workload, rows, envs)
     s.terminal = tables.dp_terminal(rows)
     doc.table(s.table)
+    flops_section(doc, s.workload, s.entries)
     extras = tables.extras_table(f"{s.workload} memory and utilisation", rows)
     if extras is not None:
         doc.heading(4, "Memory and utilisation")
@@ -261,6 +263,13 @@ def dp_section(doc: Doc, s: Section, out: Path, envs: dict[str, str]) -> None:
         add_figure(
             doc, s, draw(out / file, f"{what}\n{s.machine.title}", rows), what, s.entries, envs
         )
+
+
+def flops_section(doc: Doc, workload: str, entries: list[Entry]) -> None:
+    table = throughput.flops_table(workload, entries)
+    if table is not None:
+        doc.heading(4, "Throughput: TFLOP/s and % of peak")
+        doc.table(table)
 
 
 def add_figure(doc: Doc, s: Section, path, what: str, used: list[Entry], envs) -> None:
@@ -281,6 +290,7 @@ def resnet50_section(doc: Doc, s: Section, out: Path, envs: dict[str, str]) -> l
     s.terminal = tables.r50_terminal(s.table)
     doc.table(s.table)
     shown = [e for row in rows for e in row.entries()]
+    flops_section(doc, s.workload, shown)
     for draw, file, what in (
         (plots().r50_bars, "resnet50_strategies.png", "resnet50: seconds per timed repeat"),
         (plots().sweep, "resnet50_split_size.png", "resnet50: the split_size tradeoff"),

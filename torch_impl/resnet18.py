@@ -184,11 +184,18 @@ def ddp(net, device):
     )
 
 
-def train(net, cfg, ds, devs, strategy, sampler=None, no_progress=False, amp=False):
+def train(net, cfg, ds, devs, strategy, sampler=None, no_progress=False, amp=False, compiled=False):
     """d2l's train loop on preloaded arrays. Under DDP each process runs this for its rank.
-    `amp`: torch's bf16 is an autocast context around each step (JAX's is the model's dtype)."""
+    `amp`: torch's bf16 is an autocast context around each step (JAX's is the model's dtype).
+    `compiled` (--compile): torch.compile, torch's counterpart of JAX's jit and Gluon's
+    hybridize."""
     rank, world = (dist.get_rank(), dist.get_world_size()) if strategy == "ddp" else (0, 1)
     device = devs[0]
+    if compiled:
+        # The inner module, in place (its weights keep their names), before DDP or DataParallel
+        # wraps it, as torch's docs advise. It compiles on its first calls: in the warm-up below,
+        # once per batch shape, never in a timed epoch (evaluation runs eagerly).
+        net.compile()
     net = ddp(net, device) if strategy == "ddp" else data_parallel(net, devs)
     x_train, y_train, x_test, y_test = _to_device(ds, device)
     optimizer = make_optimizer(net, cfg.lr)
@@ -196,8 +203,9 @@ def train(net, cfg, ds, devs, strategy, sampler=None, no_progress=False, amp=Fal
     timer = timing.Timer(lambda: tdev.sync([device]), warmup=1)
     first = data.batches(len(y_train), cfg.batch_size, cfg.seed, 0)
     log = training.EpochLog(cfg.epochs, len(first), quiet=rank != 0)
-    # Warm-up apart from the epochs (cuDNN autotuning, allocator): one step of each batch shape
-    # the epochs will use, then the initial weights are restored, so every epoch is timed whole.
+    # Warm-up apart from the epochs (compilation, cuDNN autotuning, allocator): one step of each
+    # batch shape the epochs will use, then the initial weights are restored, so every epoch is
+    # timed whole.
     initial = {k: v.detach().clone() for k, v in net.state_dict().items()}
     with timer.region():
         for sel in _rows(data.warmup_batches(first[: cfg.steps_per_epoch]), rank, world, device):
@@ -251,9 +259,11 @@ def _test_accuracy(net, x_test, y_test, batch_size, amp, rank, world):
         x_test, y_test = x_test[part[0] : part[-1] + 1], y_test[part[0] : part[-1] + 1]
     # DDP: each rank runs its local module (no collectives); DataParallel scatters as usual.
     module = net.module if isinstance(net, nn.parallel.DistributedDataParallel) else net
-    counts = torch.tensor(  # on the device: NCCL reduces CUDA tensors only
-        evaluate(module, x_test, y_test, batch_size, amp), dtype=torch.float64, device=x_test.device
-    )
+    # A compiled module (--compile) evaluates eagerly: evaluation is not timed, and compiling
+    # its mode and batch shapes would spend time outside the warm-up.
+    with torch.compiler.set_stance("force_eager"):
+        correct = evaluate(module, x_test, y_test, batch_size, amp)
+    counts = torch.tensor(correct, dtype=torch.float64, device=x_test.device)  # NCCL: CUDA only
     if world > 1:
         dist.all_reduce(counts)
     return float(counts[0] / counts[1])
@@ -299,8 +309,9 @@ def _run(args, plan, cfg, strategy, devs):
     rank = dist.get_rank() if strategy == "ddp" else 0
     with utilization.sampler_for(plan.platform, local if rank == 0 else 0) as sampler:
         log, timer = train(
-            net, cfg, ds, devs, strategy, sampler, args.no_progress, args.amp == "bf16"
-        )
+            net, cfg, ds, devs, strategy, sampler, args.no_progress, args.amp == "bf16",
+            args.compile,
+        )  # fmt: skip
     usage = _gather_usage(sampler.result(), devs, plan.platform == "gpu", strategy)
     if rank != 0:
         return
@@ -351,6 +362,7 @@ def _worker_argv(args):
     ):
         if value is not None:
             argv += [flag, str(value)]
+    argv += ["--compile"] if args.compile else []
     return argv + (["--no-progress"] if args.no_progress else [])
 
 

@@ -222,6 +222,8 @@ def run_strategy(args, plan, cfg, devs, strategy, split_size=None, sweep=False):
         losses, extra = out["losses"], out["extra"]
     else:
         model = build(strategy, used, split_size, cfg.num_classes)
+        if args.compile:  # torch.compile (--compile, `single` only): compiled in train's warm-up
+            model.compile()
         cuda = list(dict.fromkeys(d for d in used if d.type == "cuda"))
         for d in cuda:  # after the build: CUDA refuses this on a device it has not touched yet
             torch.cuda.reset_peak_memory_stats(d)

@@ -1,5 +1,7 @@
 """common.flops: hand counts, the issue's reference figures, the peak table and its lookups."""
 
+from types import SimpleNamespace
+
 import pytest
 
 from common import flops, stages
@@ -159,3 +161,42 @@ def test_fraction_of_peak():
     assert flops.fraction_of_peak(1.0, ["cpu"], "float32") is None
     assert flops.fraction_of_peak(1.0, [h100, "cpu"], "float32") is None
     assert flops.fraction_of_peak(1.0, [], "float32") is None
+
+
+def test_record_fields_of_a_gpu_run_and_a_cpu_run():
+    h100 = "NVIDIA H100 80GB HBM3"
+    shape = flops.shape_of("resnet18", SimpleNamespace(image_size=28))
+    # ResNet-18 on 28x28, 1,000 images/s: 3 x 0.9116 GFLOP x 1000 = 2.735 TFLOP/s
+    f = flops.record_fields("resnet18", shape, 1000.0, [h100], "float32")
+    assert f["forward_per_image"] == flops.forward_flops("resnet18")
+    assert f["train_per_image"] == 3 * f["forward_per_image"]
+    assert f["achieved_tflops"] == pytest.approx(2.7348, abs=1e-4)
+    assert f["peak_tflops"] == flops.peak_tflops(h100, "float32") and f["peak_kind"] == "tf32"
+    assert f["fraction_of_peak"] == pytest.approx(f["achieved_tflops"] / 494.7)
+    assert "training = 3 x forward" in f["counted"]
+    two = flops.record_fields("resnet18", shape, 1000.0, [h100, h100], "bf16")
+    assert two["peak_tflops"] == 2 * flops.peak_tflops(h100, "bf16") and two["peak_kind"] == "bf16"
+    cpu = flops.record_fields("lenet", {}, 1000.0, ["cpu", "cpu"], "float32")
+    assert cpu["achieved_tflops"] == pytest.approx(3 * 4.5e6 * 1000 / 1e12, rel=0.01)
+    assert cpu["peak_tflops"] is cpu["fraction_of_peak"] is cpu["peak_kind"] is None
+    nan = flops.record_fields("lenet", {}, float("nan"), ["cpu"], "float32")
+    assert nan["achieved_tflops"] is None and nan["fraction_of_peak"] is None
+
+
+def test_shape_of_each_workload_config():
+    assert flops.shape_of("lenet", SimpleNamespace()) == {}
+    r50 = SimpleNamespace(image_size=128, num_classes=1000)
+    assert flops.shape_of("resnet50", r50) == {"image_size": 128, "num_classes": 1000}
+    # the issue's ResNet-50 at 128x128: 2.67 GFLOP forward
+    assert flops.forward_flops("resnet50", **flops.shape_of("resnet50", r50)) / 1e9 == (
+        pytest.approx(2.67, abs=0.005)
+    )
+
+
+def test_peak_names_fall_back_to_nvidia_smi_only_for_one_known_model():
+    h100, a100 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"
+    assert flops.peak_names([h100], [h100, h100], 1) == [h100]  # the devices' own names
+    # torch's DDP ranks say `rank0:cuda`: nvidia-smi's name, once per device of the run
+    assert flops.peak_names(["rank0:cuda", "rank1:cuda"], [h100] * 8, 2) == [h100, h100]
+    assert flops.peak_names(["rank0:cuda"], [h100, a100], 1) == ["rank0:cuda"]  # mixed: no peak
+    assert flops.peak_names(["cpu"], [], 1) == ["cpu"]  # a CPU run: no GPU names given

@@ -11,7 +11,7 @@ import pytest
 
 from common import results
 from common.results import Record
-from compare import readme, records, report, tables
+from compare import readme, records, report, tables, throughput
 from tests.compare import fixture_records
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -28,13 +28,17 @@ def section(md: str, machine: str, heading: str = "") -> str:
     return text.split(heading, 1)[1] if heading else text
 
 
-def table_rows(md: str, heading: str, machine: str = CPU, keys: int = 2) -> dict[tuple, dict]:
-    """The first table after `### heading` in the machine's section (`## heading`: in the whole
-    report), as {(first `keys` cells): {header: cell}}."""
+def table_rows(
+    md: str, heading: str, machine: str = CPU, keys: int = 2, heading_text: str = ""
+) -> dict[tuple, dict]:
+    """The first table after `### heading` (and then after `heading_text`) in the machine's
+    section (`## heading`: in the whole report), as {(first `keys` cells): {header: cell}}."""
     if heading.startswith("## "):
         text = md.split(f"\n{heading}", 1)[1]
     else:
         text = section(md, machine, f"\n### {heading}")
+    if heading_text:
+        text = text.split(f"\n{heading_text}", 1)[1]
     text = text.split("\n", 1)[1]
     lines = (
         [x for x in text.split("\n\n") if x.strip("\n").startswith("| ")][0].strip().splitlines()
@@ -91,6 +95,7 @@ def test_resnet18_table_marks_extrapolated_figures(built):
     rows = table_rows(md, "resnet18")
     assert list(rows) == [
         ("torch", "ddp"),
+        ("torch", "ddp+compiled"),
         ("jax", "sharding"),
         ("jax", "pmap"),
         ("mxnet", "gluon"),
@@ -106,6 +111,39 @@ def test_resnet18_table_marks_extrapolated_figures(built):
     assert rows[("mxnet", "gluon")]["speedup (2 dev)"] == "1.60x*"  # 400 / 250
     assert "* extrapolated: the epoch time is projected from fewer steps" in md
     assert "(20 timed steps per epoch)" in md
+
+
+def test_compiled_torch_is_a_row_of_its_own_beside_eager(built):
+    _, md, out = built
+    rows = table_rows(md, "resnet18")
+    compiled, eager = rows[("torch", "ddp+compiled")], rows[("torch", "ddp")]
+    assert compiled["sec/epoch (1 dev)"] == "250 ± 0 s (n=1)"
+    assert compiled["images/s (1 dev)"] == "240"  # 60000 / 250
+    assert eager["sec/epoch (1 dev)"] == "300 ± 0 s* (n=1)"
+    assert compiled["sec/epoch (2 dev)"] == "–"  # no 2-device compiled run
+    assert md.count(throughput.COMPILED_NOTE) == 1  # said once, at the top
+    assert (
+        "JAX always compiles (jit)" in md and "MXNet's resnet18 and resnet50 are hybridized" in md
+    )
+    summary = table_rows(md, "## Summary", keys=3)
+    assert summary[("resnet18", "torch", "ddp+compiled")][CPU] == "250 s (1 dev)"
+    assert summary[("resnet18", "torch", "ddp+compiled")][GPU] == "1.60 s (1 dev)"
+    assert "ddp+compiled" in out  # and in the terminal's table
+
+
+def test_throughput_table_shows_tflops_and_percent_of_peak(built):
+    _, md, _ = built
+    cpu = table_rows(md, "resnet18", keys=3, heading_text="#### Throughput")
+    # 3 x 0.9116 GFLOP x 240 images/s = 0.656 TFLOP/s; a CPU has no known peak
+    row = cpu[("torch", "ddp+compiled", "1")]
+    assert row["GFLOP/image (train)"] == "2.73" and row["TFLOP/s"] == "0.656"
+    assert row["% of peak"] == "n/a (peak unknown)"
+    assert cpu[("torch", "ddp", "1")]["TFLOP/s"] == "–"  # a record from before the figures
+    gpu = table_rows(md, "resnet18", GPU, keys=3, heading_text="#### Throughput")
+    # 2.7348 GFLOP x 37,500 images/s = 102.6 TFLOP/s of an H100 SXM's TF32 494.7: 20.7%
+    row = gpu[("torch", "ddp+compiled", "1")]
+    assert row["TFLOP/s"] == "103" and row["% of peak"] == "20.7% of 494.7 (tf32)"
+    assert "training = 3 x forward" in md
 
 
 def test_memory_and_utilization_table(built):
@@ -182,7 +220,7 @@ def test_second_machine_has_its_own_tables(built):
     assert rows[("jax", "scratch")]["platform"] == "gpu"
     assert rows[("jax", "scratch")]["env"] == "E5"  # the GPU machine's own environments
     rows = table_rows(md, "resnet18", GPU)
-    assert list(rows) == [("torch", "ddp")]
+    assert list(rows) == [("torch", "ddp"), ("torch", "ddp+compiled")]
     assert rows[("torch", "ddp")]["sec/epoch (1 dev)"] == "3.20 ± 0.00 s (n=1)"
     torch = table_rows(md, "resnet50", GPU)[("torch", "gpu")]
     assert torch["single"] == "0.250 ± 0.005 s (n=3)"
@@ -346,7 +384,7 @@ def test_nothing_of_the_preset_asked_for_is_an_error(tmp_path, capsys):
                         "--preset", "smoke", "--platform", "gpu"])  # fmt: skip
     err = capsys.readouterr().err
     assert code == report.EXIT_NO_RESULTS and "Traceback" not in err
-    assert err.startswith("error: none of the 48 usable record(s) in ")
+    assert err.startswith("error: none of the 50 usable record(s) in ")
     assert (
         "is preset smoke, platform gpu (there are: preset cpu on cpu; preset full on gpu; "
         "preset smoke on cpu); choose one of those" in err

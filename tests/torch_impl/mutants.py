@@ -42,6 +42,16 @@ MUTANTS = [
         "the model never wrapped in DDP: each rank trains alone on its half of the batch",
     ),
     Mutant(
+        "torch-r18-compiled-bf16-blocks",
+        "torch",
+        "tests/torch_impl/test_compile.py::test_compiled_step_loss_matches_eager_float64",
+        "torch_impl/resnet18.py",
+        "        return F.relu(y + x)",
+        "        out = F.relu(y + x)\n"
+        "        return out.bfloat16().to(x.dtype) if torch.compiler.is_compiling() else out",
+        "the compiled graph alone rounds every block's output to bf16 (eager stays float32)",
+    ),
+    Mutant(
         "torch-lenet-allreduce-term",
         "torch",
         "tests/torch_impl/test_lenet.py::test_matches_the_float64_reference_fixture[2]",

@@ -146,6 +146,7 @@ def _args(**kw):
         split_size=None,
         sweep=False,
         amp="off",
+        compile=False,
         results="/nonexistent/never-written.jsonl",
         no_progress=True,
     )
@@ -202,6 +203,8 @@ def test_smoke_ddp_end_to_end(smoke_ddp):
     assert len(extra["peak_memory_bytes"]) == 2 and extra["omp_num_threads_env"] == "1"
     assert "sec/epoch (extrapolated) on [2 x cpu (virtual)]" in out.stdout.splitlines()[-1]
     assert out.stdout.count("test acc:") == 1  # only rank 0 reports
+    assert extra["compiled"] is False  # eager: --compile not given
+    assert rec["flops"]["achieved_tflops"] > 0 and rec["flops"]["fraction_of_peak"] is None
 
 
 @pytest.mark.slow

@@ -203,6 +203,7 @@ def args_for(tmp_path, **kw):
         split_size=None,
         sweep=False,
         amp="off",
+        compile=False,
         results=str(tmp_path / "r.jsonl"),
         no_progress=True,
     )
