@@ -2,7 +2,9 @@
 strategies a command asks for: framework-free, shared by torch_impl, jax_impl and mxnet_impl.
 """
 
-from common import config, results, timing
+import math
+
+from common import config, results, timing, training
 
 # ResNet-50 cut into a sequence of blocks: the stem, the 16 bottlenecks, the head.
 LAYERS = (("layer1", 64, 3, 1), ("layer2", 128, 4, 2), ("layer3", 256, 6, 2), ("layer4", 512, 3, 2))
@@ -124,12 +126,23 @@ def record_fields(cfg, timer: timing.Timer, losses, split_size, extra: dict, swe
         "train_loss": list(losses),
         "split_size": split_size,
         "extra": extra | ({"sweep": True} if sweep else {}),
+        "diverged_at_epoch": diverged_repeat(losses, cfg.num_batches),
     }
 
 
+def diverged_repeat(losses, num_batches: int) -> int | None:
+    """The repeat (of num_batches steps, warm-up included, from 1) whose loss first went
+    non-finite, or None. resnet50 has no epochs: its repeats stand in for them in the record."""
+    bad = [i for i, loss in enumerate(losses) if not math.isfinite(loss)]
+    return bad[0] // num_batches + 1 if bad else None
+
+
 def save(rec: results.Record, path, cfg, plan) -> None:
-    """Append the record and print one line: the time, throughput, loss, stages and devices."""
+    """Append the record and print one line: the time, throughput, loss, stages and devices; a
+    run that diverged is recorded as such, then ends with one line (common.cli.save)."""
     results.append(rec, path)
+    if rec.diverged_at_epoch is not None:
+        raise training.Diverged(rec.diverged_at_epoch, rec.train_loss[-1], "repeat")
     split = f" (split {rec.split_size})" if rec.split_size else ""
     where = plan.describe() if rec.devices > 1 else f"1 x {plan.platform}"
     if rec.extra.get("stages_share_device"):

@@ -13,8 +13,8 @@ from common import config, timing
 class Diverged(RuntimeError):
     """Training went non-finite: raised after the run's record (marked diverged) is saved."""
 
-    def __init__(self, epoch: int, loss):
-        super().__init__(f"training diverged at epoch {epoch}: loss {loss}; lower --lr")
+    def __init__(self, epoch: int, loss, unit: str = "epoch"):
+        super().__init__(f"training diverged at {unit} {epoch}: loss {loss}; lower --lr")
 
 
 def choose_strategy(workload: str, framework: str, requested: str | None, available) -> str:
