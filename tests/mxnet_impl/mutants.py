@@ -40,6 +40,15 @@ MUTANTS = [
         "Trainer.step's batch size as context 0's part times the contexts (4 for 2 + 3)",
     ),
     Mutant(
+        "mxnet-r18-dist-local-kvstore",
+        "mxnet",
+        "tests/mxnet_impl/test_dist.py::test_two_workers_equal_one_process_with_two_contexts",
+        "mxnet_impl/resnet18.py",
+        'net.collect_params(), "sgd", {"learning_rate": lr}, kvstore=kvstore,',
+        'net.collect_params(), "sgd", {"learning_rate": lr}, kvstore="local",',
+        "each worker's Trainer made with kvstore 'local', not the dist_sync one: never synced",
+    ),
+    Mutant(
         "mxnet-r18-warmup-ctx0-only",
         "mxnet",
         R18 + "test_warm_up_steps_leave_the_initial_weights",
