@@ -111,6 +111,7 @@ def _environment(workers: int, servers: int, port: int) -> dict:
     # The workers share the cores instead of each taking them all.
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env[cli.NOTE_SHOWN_ENV] = "1"  # this process (cli.run) already said the devices are virtual
     return env
 
 

@@ -124,10 +124,30 @@ def make_optimizer(net, lr, kvstore="device"):
     # (see `dist`) also sums over the workers; each worker then updates its own copy
     # (update_on_kvstore=False), as the servers' update would keep the first step's 1/batch and
     # an epoch's last batch is smaller.
-    return mx.gluon.Trainer(
+    trainer = mx.gluon.Trainer(
         net.collect_params(), "sgd", {"learning_rate": lr}, kvstore=kvstore,
         update_on_kvstore=None if kvstore == "device" else False,
     )  # fmt: skip
+    if kvstore != "device":
+        _pull_initial_weights(trainer)
+    return trainer
+
+
+def _pull_initial_weights(trainer):
+    """Set up the Trainer's dist kvstore now and wait until this worker has its weights.
+
+    The race this prevents (issue 14, about 1 run in 10): the Trainer lazily does, in its first
+    step, kv.broadcast of every weight (worker 0 stores it, every worker pulls it) and then the
+    pushpull of every gradient on the same keys. The pull writes the weight and the pushpull the
+    gradient, different arrays, so the threaded engine does not order them: a worker could push
+    its gradients before its weight pull was served, and once every worker had pushed, the
+    server (no updater: update_on_kvstore=False) held the gradient sum under that key, which
+    the late pull copied into the weight. Waiting here serves every worker's weight pulls
+    before its first push, hence before any round replaces the stored weights."""
+    # Gluon 1.9 has no public call for what its first step does: these two, then the step.
+    trainer._init_kvstore()
+    trainer._init_params()
+    nd.waitall()
 
 
 def loss_fn(logits, labels):
