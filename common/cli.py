@@ -20,6 +20,8 @@ EXIT_BAD_INPUT = 2
 EXIT_NOT_IMPLEMENTED = 3
 EXIT_DIVERGED = 4
 EXIT_INTERRUPTED = 130  # the shell's code for Ctrl-C
+# Set by a launcher that printed the no-accelerator note: the workers it starts do not repeat it.
+NOTE_SHOWN_ENV = "MULTIDEVICE_NOTE_SHOWN"
 USER_ERRORS = (
     training.Diverged,
     config.ConfigError,
@@ -149,7 +151,7 @@ def run(
             )
             return EXIT_NOT_IMPLEMENTED
         note = devices.notice(plan)
-        if note:
+        if note and not os.environ.get(NOTE_SHOWN_ENV):
             print(note, file=sys.stderr)
         module.main(args, plan, cfg)
     except USER_ERRORS as e:

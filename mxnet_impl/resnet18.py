@@ -1,9 +1,14 @@
 """ResNet-18 on Fashion-MNIST, concise data parallel in MXNet Gluon (d2l 13.6).
 
-Strategy `gluon` (the only one), in the function `gluon`: the parameters live on a list of
-contexts (`mx.gpu(0..N-1)`, or `mx.cpu(0..N-1)` as virtual devices), `split_and_load` splits each
-batch over them, every context runs forward/backward on its part, and `gluon.Trainer` with
-kvstore `device` sums the gradients and updates every copy. The network is hybridized.
+Strategy `gluon`, in the function `gluon`: the parameters live on a list of contexts
+(`mx.gpu(0..N-1)`, or `mx.cpu(0..N-1)` as virtual devices), `split_and_load` splits each batch
+over them, every context runs forward/backward on its part, and `gluon.Trainer` with kvstore
+`device` sums the gradients and updates every copy. The network is hybridized.
+
+Strategy `dist`, in the function `dist`: the same on each of several worker processes, which
+MXNet's parameter server (kvstore `dist_sync`) joins: the servers sum the workers' gradients. The
+project starts the scheduler, servers and workers on one machine (mxnet_impl/launch.py, which
+also says how to run them on several); `--gpus N` counts the contexts of all workers.
 
 BatchNorm statistics are per context, as in d2l: each copy normalises its own part of the batch
 and keeps its own running averages (JAX in this project uses the global batch instead).
@@ -13,18 +18,23 @@ path for Gluon models.
 
 from __future__ import annotations
 
+import os
+import sys
+
 import mxnet as mx
 import numpy as np
 from mxnet import autograd, nd
 from mxnet.gluon import nn
 
-from common import cli, config, data, timing, training, utilization, weights
+from common import cli, config, data, devices, processes, timing, training, utilization, weights
 from mxnet_impl import devices as mdev
+from mxnet_impl import launch
 from mxnet_impl import weights as mweights
 
 FRAMEWORK = "mxnet"
-STRATEGIES = ("gluon",)
+STRATEGIES = ("gluon", "dist")
 NUM_CLASSES = 10
+TOTALS_KEY = 1 << 20  # the kvstore key of the epoch's sums over the workers (not a parameter's)
 
 
 class Residual(nn.HybridBlock):
@@ -108,10 +118,36 @@ def init_weights(net, std, seed, ctx=None):
     return set_weights(net, weights.init_normal(weight_shapes(net), std, seed))
 
 
-def make_optimizer(net, lr):
+def make_optimizer(net, lr, kvstore="device"):
     # Plain SGD (d2l). The kvstore `device` is Gluon's data-parallel reduction: it sums the
-    # contexts' gradients before the one update of every copy (see `gluon`).
-    return mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": lr}, kvstore="device")
+    # contexts' gradients before the one update of every copy (see `gluon`). A dist_sync kvstore
+    # (see `dist`) also sums over the workers; each worker then updates its own copy
+    # (update_on_kvstore=False), as the servers' update would keep the first step's 1/batch and
+    # an epoch's last batch is smaller.
+    trainer = mx.gluon.Trainer(
+        net.collect_params(), "sgd", {"learning_rate": lr}, kvstore=kvstore,
+        update_on_kvstore=None if kvstore == "device" else False,
+    )  # fmt: skip
+    if kvstore != "device":
+        _pull_initial_weights(trainer)
+    return trainer
+
+
+def _pull_initial_weights(trainer):
+    """Set up the Trainer's dist kvstore now and wait until this worker has its weights.
+
+    The race this prevents (issue 14, about 1 run in 10): the Trainer lazily does, in its first
+    step, kv.broadcast of every weight (worker 0 stores it, every worker pulls it) and then the
+    pushpull of every gradient on the same keys. The pull writes the weight and the pushpull the
+    gradient, different arrays, so the threaded engine does not order them: a worker could push
+    its gradients before its weight pull was served, and once every worker had pushed, the
+    server (no updater: update_on_kvstore=False) held the gradient sum under that key, which
+    the late pull copied into the weight. Waiting here serves every worker's weight pulls
+    before its first push, hence before any round replaces the stored weights."""
+    # Gluon 1.9 has no public call for what its first step does: these two, then the step.
+    trainer._init_kvstore()
+    trainer._init_params()
+    nd.waitall()
 
 
 def loss_fn(logits, labels):
@@ -120,13 +156,14 @@ def loss_fn(logits, labels):
     return mx.gluon.loss.SoftmaxCrossEntropyLoss()(logits, labels)
 
 
-def train_step(net, trainer, xs, ys):
-    """One SGD step on a batch already split over the contexts; returns per-context loss sums."""
+def train_step(net, trainer, xs, ys, batch_size=None):
+    """One SGD step on a batch already split over the contexts; returns per-context loss sums.
+    `batch_size`: the global batch (`dist`: all workers' parts); default this process's parts."""
     with autograd.record():
         losses = [loss_fn(net(x), y) for x, y in zip(xs, ys, strict=True)]
     for loss in losses:
         loss.backward()
-    trainer.step(sum(y.shape[0] for y in ys))
+    trainer.step(batch_size or sum(y.shape[0] for y in ys))
     return [loss.sum() for loss in losses]
 
 
@@ -156,23 +193,44 @@ def gluon(net, ctxs):
     return split
 
 
-def train(net, cfg, ds, devs, strategy, sampler=None, no_progress=False):
-    """d2l's train loop on preloaded arrays (on the first context)."""
+def dist(net, ctxs, kv):
+    """MXNet's parameter server: this process is worker `kv.rank` of `kv.num_workers` (kvstore
+    dist_sync), with its own contexts set up as in `gluon`. It takes its share of each global
+    batch (the parts its contexts would get if one process had every worker's contexts) and
+    splits it over its contexts; the Trainer (make_optimizer) sums the gradients over its
+    contexts, pushes the sum to the servers, which add up every worker's, and pulls the total,
+    so every worker takes the same step. Returns the splitter of this worker's share."""
+    local = gluon(net, ctxs)
+    slots = kv.num_workers * len(ctxs)
+    kv.init(TOTALS_KEY, nd.zeros(2, dtype="float64"))  # see _sum_over_workers
+
+    def split(x_all, y_all, idx):
+        # split_and_load's rule over all the slots: equal parts, the remainder to the last.
+        part = len(idx) // slots * len(ctxs)
+        lo = kv.rank * part
+        hi = len(idx) if kv.rank == kv.num_workers - 1 else lo + part
+        return local(x_all, y_all, idx[lo:hi])
+
+    return split
+
+
+def train(net, cfg, ds, devs, strategy, sampler=None, no_progress=False, kv=None):
+    """d2l's train loop on preloaded arrays (on the first context); `kv`: dist's kvstore."""
     init_weights(net, cfg.init_std, cfg.seed, devs[:1])
-    split = {"gluon": gluon}[strategy](net, devs)
+    split = dist(net, devs, kv) if strategy == "dist" else gluon(net, devs)
     net.hybridize()
-    trainer = make_optimizer(net, cfg.lr)
+    trainer = make_optimizer(net, cfg.lr, "device" if kv is None else kv)
     x_train, y_train, x_test, y_test = _to_device(ds, devs[0])
     sampler = sampler or utilization.Sampler("cpu_time")
     timer = timing.Timer(mdev.sync, warmup=1)
     first = data.batches(len(ds[1]), cfg.batch_size, cfg.seed, 0)
-    log = training.EpochLog(cfg.epochs, len(first))
+    log = training.EpochLog(cfg.epochs, len(first), quiet=kv is not None and kv.rank != 0)
     # Warm-up apart from the epochs (graph building, memory planning): one step of each batch
     # shape the epochs will use, then the initial weights are set again (on every context, and
     # in the kvstore), so every epoch is timed whole.
     with timer.region():
         for idx in data.warmup_batches(first[: cfg.steps_per_epoch]):
-            train_step(net, trainer, *split(x_train, y_train, idx))
+            train_step(net, trainer, *split(x_train, y_train, idx), len(idx))
     set_weights(net, weights.init_normal(weight_shapes(net), cfg.init_std, cfg.seed))
     for epoch in range(cfg.epochs):
         steps = data.batches(len(ds[1]), cfg.batch_size, cfg.seed, epoch)[: cfg.steps_per_epoch]
@@ -180,7 +238,7 @@ def train(net, cfg, ds, devs, strategy, sampler=None, no_progress=False):
         bar = cli.progress(range(len(steps)), len(steps), f"epoch {epoch + 1}", no_progress)
         with sampler.measure(), timer.region():
             for idx in steps:
-                losses += train_step(net, trainer, *split(x_train, y_train, idx))
+                losses += train_step(net, trainer, *split(x_train, y_train, idx), len(idx))
                 bar.update(1)
         bar.close()
         seen = sum(len(b) for b in steps)
@@ -188,11 +246,23 @@ def train(net, cfg, ds, devs, strategy, sampler=None, no_progress=False):
             evaluate(net, *split(x_test, y_test, idx))
             for idx in np.array_split(np.arange(len(ds[3])), max(1, len(ds[3]) // 256))
         )
-        loss = sum(float(loss.asscalar()) for loss in losses) / seen
-        log.add(loss, float(correct) / len(ds[3]), timer.times[-1], len(steps), seen)
+        loss = sum(float(loss.asscalar()) for loss in losses)
+        loss, correct = _sum_over_workers(kv, [loss, float(correct)])
+        log.add(loss / seen, correct / len(ds[3]), timer.times[-1], len(steps), seen)
         if log.diverged:  # a non-finite loss: stop, and record what was measured
             break
     return log, timer
+
+
+def _sum_over_workers(kv, values):
+    """`dist`: each worker's numbers summed over the workers (dist_sync's servers add up what
+    every worker pushes to a key); otherwise `values` as they are."""
+    if kv is None:
+        return values
+    total = nd.array(values, dtype="float64")
+    kv.push(TOTALS_KEY, total)
+    kv.pull(TOTALS_KEY, out=total)
+    return total.asnumpy().tolist()
 
 
 def _to_device(ds, ctx):
@@ -207,6 +277,8 @@ def _to_device(ds, ctx):
 
 
 def main(args, plan, cfg):
+    """Check everything, then train here (`gluon`, or one `dist` worker: DMLC_ROLE=worker), or
+    start the dist_sync scheduler, servers and workers on this machine (launch.py)."""
     strategy = training.choose_strategy("resnet18", FRAMEWORK, args.strategy, STRATEGIES)
     if args.amp == "bf16":
         raise config.ConfigError(
@@ -219,12 +291,72 @@ def main(args, plan, cfg):
         raise config.ConfigError("resnet18 trains on Fashion-MNIST at its native 28x28")
     # Every batch, the epoch's last included, splits evenly: no sample is dropped.
     config.check_epoch_split(data.train_size(cfg.train_subset), cfg.batch_size, plan.count)
-    ctxs = mdev.get_devices(plan)
+    if strategy == "dist" and "DMLC_ROLE" not in os.environ:
+        launch.counts(plan.count)  # a bad worker count fails here, before any process starts
+        cmd = [sys.executable, "-m", "mxnet_impl", *_worker_argv(args)]
+        launch.dist_sync(cmd, plan.count, "MXNet dist_sync training")
+        return
+    kv, ctxs = _join(plan) if strategy == "dist" else (None, mdev.get_devices(plan))
     ds = data.load_subsets(cfg.train_subset, cfg.test_subset, cfg.seed)
-    with utilization.sampler_for(plan.platform, plan.count) as sampler:
-        log, timer = train(resnet18(), cfg, ds, ctxs, strategy, sampler, args.no_progress)
+    with utilization.sampler_for(plan.platform, len(ctxs)) as sampler:
+        log, timer = train(resnet18(), cfg, ds, ctxs, strategy, sampler, args.no_progress, kv)
+    names, extra = mdev.device_names(ctxs), {**sampler.result(), "amp": args.amp}
+    if kv is not None:
+        if kv.rank != 0:  # worker 0 records the run; the others end as it does
+            if log.diverged:
+                raise training.Diverged(log.diverged, log.train_loss[-1])
+            return
+        names = [f"worker{r}:{n}" for r in range(kv.num_workers) for n in names]
+        extra.update(_dist_fields(kv))
     rec = cli.make_record(
-        FRAMEWORK, args, plan, cfg, mdev.device_names(ctxs), mdev.versions(), strategy=strategy,
-        **log.record_fields(timer.warmup_seconds), extra={**sampler.result(), "amp": args.amp},
+        FRAMEWORK, args, plan, cfg, names, mdev.versions(), strategy=strategy,
+        **log.record_fields(timer.warmup_seconds), extra=extra,
     )  # fmt: skip
     cli.save(rec, args.results, plan)
+
+
+# --- MXNet only: a dist_sync worker, started by launch.py (or by hand, see there) ------------
+
+
+def _join(plan):
+    """This worker's kvstore and contexts. ps-lite waits for every peer without a deadline
+    (a missing one would hang the run): MXNET_DIST_INIT_TIMEOUT bounds the wait."""
+    workers, servers = launch.counts(plan.count)
+    needed = ("DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT")
+    if os.environ.get("DMLC_ROLE") != "worker" or not all(map(os.environ.get, needed)):
+        raise config.ConfigError(
+            "strategy dist runs as DMLC_ROLE=worker with DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT "
+            "set (see mxnet_impl/launch.py), or with none of them set (one machine)"
+        )
+    where = f"{os.environ['DMLC_PS_ROOT_URI']}:{os.environ['DMLC_PS_ROOT_PORT']}"
+    wait = processes.env_int("MXNET_DIST_INIT_TIMEOUT", "60", 1)
+    line = (
+        f"error: kvstore dist_sync: the scheduler at {where}, {servers} server(s) and {workers} "
+        f"worker(s) did not all join within {wait} s (MXNET_DIST_INIT_TIMEOUT); start every one"
+    )
+    with processes.deadline(wait, line, cli.EXIT_BAD_INPUT):
+        kv = mx.kv.create("dist_sync")
+    local = devices.DevicePlan(plan.count // workers, plan.platform, plan.virtual)
+    return kv, mdev.get_devices(local)
+
+
+def _dist_fields(kv):
+    servers = int(os.environ["DMLC_NUM_SERVER"])
+    return {
+        "kvstore": "dist_sync",
+        "workers": kv.num_workers,
+        "servers": servers,
+        "processes": kv.num_workers + servers + 1,  # and the scheduler
+    }
+
+
+def _worker_argv(args):
+    """The command line that reproduces `args` for a worker."""
+    argv = ["--workload", args.workload, "--gpus", str(args.gpus), "--platform", args.platform]
+    argv += ["--preset", args.preset, "--strategy", "dist", "--results", str(args.results)]
+    for flag, value in (("--epochs", args.epochs), ("--batch-size", args.batch_size)):
+        if value is not None:
+            argv += [flag, str(value)]
+    if args.lr is not None:
+        argv += ["--lr", str(args.lr)]
+    return argv + (["--no-progress"] if args.no_progress else [])

@@ -39,7 +39,11 @@ EXTRAS = {
 }
 # The parallelism of each strategy: one function each, right before `train`.
 STRATEGY_FUNCTIONS = {
-    "resnet18": {"torch": ["data_parallel", "ddp"], "jax": ["pmap", "sharding"], "mxnet": ["gluon"]}
+    "resnet18": {
+        "torch": ["data_parallel", "ddp"],
+        "jax": ["pmap", "sharding"],
+        "mxnet": ["gluon", "dist"],
+    }
 }
 # The files' length is watched; the fuller checks above hold for every workload file.
 CHECKED = [ROOT / d for d in ("common", "compare", *(f"{f}_impl" for f in FRAMEWORKS))]

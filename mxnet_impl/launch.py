@@ -1,0 +1,186 @@
+"""kvstore dist_sync, MXNet's parameter server (ps-lite), started by this project on one machine
+the way torchrun starts DDP: `python -m mxnet_impl --workload resnet18 --strategy dist --gpus N`.
+
+ps-lite runs a scheduler, servers (they sum what the workers push) and workers (they train), each
+a process configured by its environment:
+
+    DMLC_ROLE          scheduler | server | worker
+    DMLC_PS_ROOT_URI   the scheduler's address, DMLC_PS_ROOT_PORT its port (everyone connects)
+    DMLC_NUM_SERVER    how many servers, DMLC_NUM_WORKER how many workers
+
+On one machine (DMLC_ROLE unset) this module starts them all on 127.0.0.1: the scheduler,
+DMLC_NUM_SERVER servers (default 1) and DMLC_NUM_WORKER workers (default N: one context each;
+N must divide over them), on port DMLC_PS_ROOT_PORT (default: a free one; a busy one is refused).
+A scheduler or server is `python -c 'import mxnet'`: importing mxnet with DMLC_ROLE set to
+scheduler or server runs that role until the workers finish, then exits.
+
+On several machines, start each process yourself with the same DMLC_PS_ROOT_URI (the
+scheduler machine's address, reachable from all), DMLC_PS_ROOT_PORT, DMLC_NUM_SERVER and
+DMLC_NUM_WORKER (DMLC_NODE_HOST=<this machine's address> where ps-lite picks the wrong one):
+
+    DMLC_ROLE=scheduler python -c 'import mxnet'      # once, on the DMLC_PS_ROOT_URI machine
+    DMLC_ROLE=server python -c 'import mxnet'         # DMLC_NUM_SERVER times
+    DMLC_ROLE=worker python -m mxnet_impl --workload resnet18 --strategy dist --gpus N
+                                                      # DMLC_NUM_WORKER times, the same N
+
+N counts the contexts of all workers; each worker uses N / DMLC_NUM_WORKER of its own machine's
+and waits at most MXNET_DIST_INIT_TIMEOUT seconds (default 60) for the others to join. ps-lite
+itself never times out: a worker whose peer dies mid-run waits forever, so here (one machine) the
+launcher stops every process as soon as one fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from common import cli, config, processes
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVE = [sys.executable, "-c", "import mxnet"]  # a scheduler or server, by its DMLC_ROLE
+POLL_S = 0.2
+EXIT_WAIT_S = 30  # the scheduler and servers end once every worker has finalised
+
+
+@dataclass
+class _Proc:
+    role: str
+    popen: subprocess.Popen
+    last: list = field(default_factory=lambda: [""])  # its last stderr line (workers)
+    tee: threading.Thread | None = None
+
+
+def counts(n_contexts: int) -> tuple[int, int]:
+    """(workers, servers) from DMLC_NUM_WORKER (default: one per context) and DMLC_NUM_SERVER."""
+    workers = processes.env_int("DMLC_NUM_WORKER", str(n_contexts), 1)
+    servers = processes.env_int("DMLC_NUM_SERVER", "1", 1)
+    if n_contexts % workers:
+        raise config.ConfigError(
+            f"--gpus {n_contexts} does not divide over DMLC_NUM_WORKER={workers} workers; "
+            "every worker gets the same number of contexts"
+        )
+    return workers, servers
+
+
+def dist_sync(worker_cmd: list[str], n_contexts: int, what: str) -> None:
+    """Run the scheduler, the servers and `worker_cmd` as every worker on 127.0.0.1; return
+    when all have finished, else stop them all and end with one line (SystemExit)."""
+    workers, servers = counts(n_contexts)
+    env = _environment(workers, servers, _port())
+    procs: list[_Proc] = []
+    try:
+        procs.append(_start("scheduler", SERVE, env))
+        procs += [_start(f"server {i}", SERVE, env) for i in range(servers)]
+        procs += [_start(f"worker {i}", worker_cmd, env) for i in range(workers)]
+        _watch(procs, what)
+    finally:
+        for p in procs:
+            _kill(p)
+
+
+def _port() -> int:
+    """DMLC_PS_ROOT_PORT when set (refused when another program holds it), else a free one."""
+    if "DMLC_PS_ROOT_PORT" not in os.environ:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    port = processes.env_int("DMLC_PS_ROOT_PORT", None, 1)
+    if port > 65535:
+        raise config.ConfigError(f"DMLC_PS_ROOT_PORT must be a port (1-65535), got {port}")
+    processes.check_port_free(port, "DMLC_PS_ROOT_PORT (the kvstore scheduler)")
+    return port
+
+
+def _environment(workers: int, servers: int, port: int) -> dict:
+    env = dict(os.environ)
+    env.update(
+        DMLC_PS_ROOT_URI="127.0.0.1",
+        DMLC_PS_ROOT_PORT=str(port),
+        DMLC_NUM_SERVER=str(servers),
+        DMLC_NUM_WORKER=str(workers),
+        DMLC_NODE_HOST="127.0.0.1",  # every process on loopback, whatever the interfaces
+    )
+    # The workers share the cores instead of each taking them all.
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env[cli.NOTE_SHOWN_ENV] = "1"  # this process (cli.run) already said the devices are virtual
+    return env
+
+
+def _start(role: str, cmd: list[str], env: dict) -> _Proc:
+    """One process in a session of its own (killed as a group; Ctrl-C reaches the launcher
+    only). A worker's stderr is passed through and its last line kept, to end on."""
+    worker = role.startswith("worker")
+    popen = subprocess.Popen(
+        cmd,
+        env={**env, "DMLC_ROLE": role.split()[0]},
+        cwd=ROOT,
+        stderr=subprocess.PIPE if worker else None,
+        text=True,
+        start_new_session=True,
+    )
+    proc = _Proc(role, popen)
+    if worker:
+        proc.tee = threading.Thread(target=_tee, args=(popen.stderr, proc.last), daemon=True)
+        proc.tee.start()
+    return proc
+
+
+def _tee(stream, last: list) -> None:
+    for line in stream:
+        sys.stderr.write(line)
+        sys.stderr.flush()
+        if line.strip():
+            last[0] = line.strip()
+
+
+def _watch(procs: list[_Proc], what: str) -> None:
+    """Until every worker has finished: any process that fails stops the run. The scheduler and
+    servers end (code 0) as the workers finalise; from then on everyone gets EXIT_WAIT_S."""
+    ending = None
+    while any(p.popen.poll() is None for p in procs):
+        for p in procs:
+            rc = p.popen.poll()
+            if rc:
+                _fail(p, rc, what)
+            if rc == 0 and ending is None:
+                ending = time.monotonic()
+        if ending is not None and time.monotonic() - ending > EXIT_WAIT_S:
+            late = ", ".join(p.role for p in procs if p.popen.poll() is None)
+            raise SystemExit(
+                f"error: {what}: {late} did not exit within {EXIT_WAIT_S} s after the others "
+                "finished; stopped"
+            )
+        time.sleep(POLL_S)
+
+
+def _fail(p: _Proc, rc: int, what: str) -> None:
+    """End on the failed process's own error line where it left one, else on how it ended."""
+    if p.tee is not None:
+        p.tee.join(2)  # the rest of its stderr, up to its last line
+    if p.last[0].startswith("error:"):
+        print(p.last[0], file=sys.stderr)
+        raise SystemExit(rc if rc in (cli.EXIT_BAD_INPUT, cli.EXIT_DIVERGED) else 1)
+    how = f"was killed by {signal.Signals(-rc).name}" if rc < 0 else f"exited with code {rc}"
+    said = f" (its last line: {p.last[0]})" if p.last[0] else ""
+    raise SystemExit(
+        f"error: {what} failed: the kvstore {p.role} (pid {p.popen.pid}) {how}{said}; every "
+        "other process was stopped"
+    )
+
+
+def _kill(p: _Proc) -> None:
+    """SIGKILL the process's group (it and anything it started), then reap it."""
+    if p.popen.poll() is None:  # a reaped pid may belong to someone else by now
+        with contextlib.suppress(ProcessLookupError):  # it ended just now
+            os.killpg(p.popen.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        p.popen.wait(5)
