@@ -47,9 +47,10 @@ MUTANTS = [
         "tests/torch_impl/test_compile.py::test_compiled_step_loss_matches_eager_float64",
         "torch_impl/resnet18.py",
         "        return F.relu(y + x)",
-        "        out = F.relu(y + x)\n"
-        "        return out.bfloat16().to(x.dtype) if torch.compiler.is_compiling() else out",
-        "the compiled graph alone rounds every block's output to bf16 (eager stays float32)",
+        "        if torch.compiler.is_compiling():  # (a round trip alone Inductor removes)\n"
+        "            return F.relu((y + x).bfloat16()).to(x.dtype)\n"
+        "        return F.relu(y + x)",
+        "the compiled graph alone runs every block's residual add and ReLU in bf16",
     ),
     Mutant(
         "torch-lenet-allreduce-term",
