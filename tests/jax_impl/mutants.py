@@ -118,4 +118,32 @@ MUTANTS = [
         "        out = nn.Conv(\n            self.planes, (3, 3), 1,",
         "ResNet v1's stride on the 1x1 conv, not torchvision's v1.5 (on the 3x3)",
     ),
+    Mutant(
+        "jax-r18-float32-inputs-to-bf16",
+        "jax",
+        f"{R18}::test_float32_gradients_match_float64[cpu]",
+        "jax_impl/resnet18.py",
+        "    def __call__(self, x, train=True):\n",
+        "    def __call__(self, x, train=True):\n"
+        "        x = x.astype(jnp.bfloat16) if x.dtype == jnp.float32 else x\n",
+        "float32 inputs cast to bf16 on the way in (a mixed-precision policy's cast)",
+    ),
+    Mutant(
+        "jax-r50-bf16-head",
+        "jax",
+        f"{R50}::test_float32_forward_matches_the_float64_fixture",
+        "jax_impl/resnet.py",
+        'nn.Dense(self.num_classes, name="fc")',
+        'nn.Dense(self.num_classes, dtype=jnp.bfloat16, name="fc")',
+        "ResNet-50's classifier in bf16 compute (mixed precision left on in the head)",
+    ),
+    Mutant(
+        "jax-r50-stage-stats-dropped",
+        "jax",
+        f"{R50}::test_model_parallel_equals_single_in_train_mode",
+        "jax_impl/resnet50.py",
+        "        out, vjp, self.stats[s] = stage_forward(",
+        "        out, vjp, _ = stage_forward(",
+        "a stage that is not the last drops its updated BatchNorm statistics",
+    ),
 ]

@@ -157,4 +157,13 @@ MUTANTS = [
         "loss_fn=nn.MSELoss(), scale_grads=False\n    )",
         "gradients summed over micro-batches, not averaged (a step n_micro times too big)",
     ),
+    Mutant(
+        "torch-r50-stem-relu-dropped",
+        "torch",
+        "tests/torch_impl/test_resnet50.py::test_model_parallel_equals_single_exactly_in_train_mode",
+        "torch_impl/resnet50.py",
+        '        "stem": [model.conv1, model.bn1, model.relu, model.maxpool],',
+        '        "stem": [model.conv1, model.bn1, model.maxpool],',
+        "the first stage's stem without its ReLU (the tutorial's seq1 written out by hand)",
+    ),
 ]
