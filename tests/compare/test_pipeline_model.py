@@ -134,3 +134,74 @@ def test_fit_needs_two_distinct_micro_batch_counts():
     assert pm.select(STAGES, BATCH, {20: 1.0}) is None
     two = pm.select(STAGES, BATCH, {1: 2.0, 60: 1.0})  # fitted, but nothing left to test it
     assert two.best is None and two.chosen is None and not two.fits[pm.SERIAL].held_out
+
+
+def efficiency_curve(split: int) -> list[float]:
+    """Each stage's seconds on one micro-batch of `split` images: a per-image cost that falls
+    as the batch grows (small kernels are less efficient), as on a CPU; not a fixed cost per
+    micro-batch, which the overhead `o` would absorb."""
+    return [t / BATCH * (split + 3 * split**0.5) for t in STAGES]
+
+
+def test_micro_batch_stage_times_default_to_the_whole_batch_share():
+    for kind in pm.KINDS:
+        for m in (1, 4, 24):
+            share = [t / m for t in STAGES]
+            assert pm.batch_work(kind, STAGES, m, 2, share) == pytest.approx(
+                pm.batch_work(kind, STAGES, m, 2)
+            )
+    # hand values: micro-batch stage times 0.1 and 0.3 s, 4 micro-batches
+    assert pm.batch_work(pm.SERIAL, STAGES, 4, 2, [0.1, 0.3]) == pytest.approx(1.6)
+    assert pm.batch_work(pm.PIPELINED, STAGES, 4, 2, [0.1, 0.3]) == pytest.approx(1.5)
+    assert pm.batch_work(pm.PIPELINED, STAGES, 4, 4, [0.1, 0.3]) == pytest.approx(
+        7 * 1.5 * 0.4 / 4  # m + p - 1 slots of the slowest of 4 stages: max/mean 1.5 of 0.4 / 4
+    )
+
+
+@pytest.mark.parametrize("kind", [pm.SERIAL, pm.PIPELINED])
+def test_measured_micro_batch_times_fit_a_sweep_the_whole_batch_share_misses(kind):
+    """A sweep whose micro-batch cost is not proportional to its size: only the model given each
+    point's measured micro-batch stage times predicts the held-out points."""
+    micro = {s: efficiency_curve(s) for s in SPLITS}
+    measured = {
+        s: pm.predict(kind, pm.micro_batches(BATCH, s), 2, STAGES, SCALE, OVERHEAD, micro[s])
+        for s in SPLITS
+    }
+    with_micro = pm.select(STAGES, BATCH, measured, micro)
+    assert with_micro.chosen == kind
+    assert with_micro.fits[kind].mean_error < 1e-9
+    model = with_micro.fits[kind].model
+    assert (model.scale, model.overhead) == pytest.approx((SCALE, OVERHEAD))
+    without = pm.select(STAGES, BATCH, measured)
+    assert without.fits[kind].mean_error > pm.FIT_LIMIT
+
+
+def test_report_fits_each_points_micro_batch_stage_times():
+    """compare.model_report uses the records' micro-batch stage times only when every sweep
+    point has them; one record without them sends the fit back to the whole batch's share."""
+    from compare import model_report
+    from compare.records import Entry
+    from compare.tables import r50_rows
+    from tests.compare import fixture_records as fr
+
+    micro = {s: [t * 1.7 for t in efficiency_curve(s)] for s in fr.R50_SPLITS}
+    measured = {
+        s: pm.predict(pm.SERIAL, pm.micro_batches(fr.R50_BATCH, s), 2, STAGES, 2.0, 0.01, micro[s])
+        for s in fr.R50_SPLITS
+    }
+    recs = [
+        fr.resnet50("torch", "pipeline", measured[s], i, s, sweep=True, stages=STAGES,
+                    extra={"microbatch_stage_seconds": micro[s]})
+        for i, s in enumerate(fr.R50_SPLITS)
+    ]  # fmt: skip
+    rows, _ = r50_rows([Entry(r, "f.jsonl", i) for i, r in enumerate(recs)])
+    fit, why = model_report.fit_row(rows[0])
+    assert why == "" and fit.micro and fit.selection.chosen == pm.SERIAL
+    assert (fit.selection.model.scale, fit.selection.model.overhead) == pytest.approx((2.0, 0.01))
+    assert "each point's stage times on one micro-batch of its split size" in (
+        model_report.describe(fit)
+    )
+    del recs[3].extra["microbatch_stage_seconds"]
+    rows, _ = r50_rows([Entry(r, "f.jsonl", i) for i, r in enumerate(recs)])
+    fit, _ = model_report.fit_row(rows[0])
+    assert not fit.micro and "one micro-batch" not in model_report.describe(fit)
