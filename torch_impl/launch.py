@@ -48,7 +48,7 @@ class Nodes:
     @classmethod
     def of(cls, args) -> Nodes | None:
         """From the command line (checked by cli.check_nodes); None on one machine."""
-        if args.nnodes is None:
+        if getattr(args, "nnodes", None) is None:
             return None
         timeout = args.rdzv_timeout or cli.RDZV_TIMEOUT_S
         return cls(args.nnodes, args.node_rank, args.rdzv_endpoint, timeout)
@@ -116,25 +116,38 @@ def torchrun(module: str, argv: list[str], nproc: int, what: str, nodes: Nodes |
             rc = subprocess.run(cmd, env=env, cwd=ROOT).returncode
         else:
             env[READY_FILE_ENV] = str(Path(tmp) / "ready")
-            rc = _run_node(cmd, env, nodes, what)
+            rc = _run_node(cmd, env, nodes)
         if rc == 0:
             return
         # A worker's own error is the line to end on, not torchrun's summary of it.
         said = Path(env[ERROR_FILE_ENV])
         if said.is_file():
             raise SystemExit(said.read_text().strip())
-    if nodes is not None:  # torchrun also fails when another node's does
-        raise SystemExit(
-            f"error: {what} failed on node {nodes.rank}: torchrun exited with code {rc} (a "
-            "worker here or another node failed); see the output above and on the other nodes"
+        met = nodes is None or Path(env[READY_FILE_ENV]).exists()
+    raise SystemExit(_failure(what, rc, nodes, met))
+
+
+def _failure(what: str, rc: int, nodes: Nodes | None, met: bool) -> str:
+    """The line for a torchrun that failed without a worker's error line; `met`: the nodes
+    had met (a worker's process group was up)."""
+    if nodes is None:
+        return (
+            f"error: {what} failed: a worker exited with an error (torchrun exit {rc}); "
+            "see the worker output above"
         )
-    raise SystemExit(
-        f"error: {what} failed: a worker exited with an error (torchrun exit {rc}); "
-        "see the worker output above"
+    if not met:
+        return (
+            f"error: {what} failed: torchrun exited with code {rc} before the rendezvous at "
+            f"{nodes.endpoint} completed; see its output above"
+        )
+    # torchrun also fails when another node's does
+    return (
+        f"error: {what} failed on node {nodes.rank}: torchrun exited with code {rc} (a worker "
+        "here or another node failed); see the output above and on the other nodes"
     )
 
 
-def _run_node(cmd: list[str], env: dict, nodes: Nodes, what: str) -> int:
+def _run_node(cmd: list[str], env: dict, nodes: Nodes) -> int:
     """torchrun as one node of several, in a session of its own: its rendezvous is bounded by
     `nodes.timeout`, and a timeout, an error or Ctrl-C here stops it (and so its workers)."""
     nodes.check()
@@ -152,11 +165,6 @@ def _run_node(cmd: list[str], env: dict, nodes: Nodes, what: str) -> int:
             if time.monotonic() > deadline:
                 raise config.ConfigError(nodes.timed_out())
             time.sleep(POLL_S)
-        if proc.poll() and not ready.exists():
-            raise SystemExit(
-                f"error: {what} failed: torchrun exited with code {proc.returncode} before the "
-                f"rendezvous at {nodes.endpoint} completed; see its output above"
-            )
         return proc.wait()
     finally:
         _stop(proc)
