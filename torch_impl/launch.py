@@ -137,8 +137,9 @@ def _failure(what: str, rc: int, nodes: Nodes | None, met: bool) -> str:
         )
     if not met:
         return (
-            f"error: {what} failed: torchrun exited with code {rc} before the rendezvous at "
-            f"{nodes.endpoint} completed; see its output above"
+            f"error: {what} failed: torchrun exited with code {rc} before the workers of node "
+            f"{nodes.rank} had joined the others (rendezvous at {nodes.endpoint}); see its "
+            "output above"
         )
     # torchrun also fails when another node's does
     return (
