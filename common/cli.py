@@ -14,12 +14,13 @@ import os
 import sys
 from collections.abc import Callable
 
-from common import config, data, devices, flops, results, training, weights
+from common import config, data, devices, flops, processes, results, training, weights
 
 EXIT_BAD_INPUT = 2
 EXIT_NOT_IMPLEMENTED = 3
 EXIT_DIVERGED = 4
 EXIT_INTERRUPTED = 130  # the shell's code for Ctrl-C
+RDZV_TIMEOUT_S = 300  # the default wait for every node to join a run over several machines
 # Set by a launcher that printed the no-accelerator note: the workers it starts do not repeat it.
 NOTE_SHOWN_ENV = "MULTIDEVICE_NOTE_SHOWN"
 USER_ERRORS = (
@@ -67,6 +68,24 @@ def parser(framework: str) -> argparse.ArgumentParser:
         "--compile",
         action="store_true",
         help="torch resnet18 and resnet50 single: torch.compile the model (compiled in warm-up)",
+    )
+    p.add_argument(
+        "--nnodes", type=whole_number, default=None, help="torch resnet18 ddp: machines in the run"
+    )
+    p.add_argument(
+        "--node-rank", type=whole_number, default=None, help="this machine: 0 .. nnodes - 1"
+    )
+    p.add_argument(
+        "--rdzv-endpoint",
+        default=None,
+        metavar="HOST:PORT",
+        help="node 0's address and a free port there, the same on every node",
+    )
+    p.add_argument(
+        "--rdzv-timeout",
+        type=whole_number,
+        default=None,
+        help=f"seconds to wait for every node to join (default {RDZV_TIMEOUT_S})",
     )
     p.add_argument(
         "--results", default=str(results.DEFAULT_PATH), help="JSON Lines file to append to"
@@ -120,6 +139,51 @@ def check_compile(framework: str, args: argparse.Namespace, n_devices: int) -> N
         raise config.ConfigError("--compile with dataparallel runs on 1 GPU; use --strategy ddp")
 
 
+NODE_OPTIONS = ("--nnodes", "--node-rank", "--rdzv-endpoint", "--rdzv-timeout")
+NODES_SCOPE = "--nnodes, --node-rank and --rdzv-* apply to torch resnet18 ddp"
+
+
+def check_nodes(framework: str, args: argparse.Namespace) -> None:
+    """The options of a run over several machines (torchrun's c10d rendezvous): refused in one
+    line where they do not apply, and checked before a framework is imported."""
+    given = [o for o in NODE_OPTIONS if getattr(args, o[2:].replace("-", "_"), None) is not None]
+    if not given:
+        return
+    if framework == "jax":
+        raise config.ConfigError(
+            f"{given[0]} is for torch: JAX's processes meet through JAX_COORDINATOR_ADDRESS, "
+            "JAX_NUM_PROCESSES and JAX_PROCESS_ID (jax_impl/resnet18.py); drop it"
+        )
+    if framework == "mxnet":
+        raise config.ConfigError(
+            f"{given[0]} is for torch: MXNet's machines meet through the DMLC_* variables "
+            "(mxnet_impl/launch.py); drop it"
+        )
+    if args.workload != "resnet18":
+        raise config.ConfigError(f"{NODES_SCOPE}, not {args.workload}; drop {given[0]}")
+    if args.strategy not in (None, "ddp"):
+        raise config.ConfigError(f"{NODES_SCOPE}, not resnet18 {args.strategy}; drop {given[0]}")
+    missing = [o for o in NODE_OPTIONS[:3] if o not in given]
+    if missing:
+        raise config.ConfigError(
+            f"a run over several machines needs --nnodes, --node-rank and --rdzv-endpoint on "
+            f"every node; {missing[0]} is missing"
+        )
+    if args.nnodes < 2:
+        raise config.ConfigError(
+            f"--nnodes must be at least 2, got {args.nnodes}; on one machine drop --nnodes, "
+            "--node-rank and --rdzv-*"
+        )
+    if not 0 <= args.node_rank < args.nnodes:
+        raise config.ConfigError(
+            f"--node-rank must be 0 to {args.nnodes - 1} for --nnodes {args.nnodes}, got "
+            f"{args.node_rank}; give each node its own"
+        )
+    processes.port_of(args.rdzv_endpoint, "--rdzv-endpoint")
+    if args.rdzv_timeout is not None and args.rdzv_timeout < 1:
+        raise config.ConfigError(f"--rdzv-timeout must be at least 1 s, got {args.rdzv_timeout}")
+
+
 def config_of(args: argparse.Namespace):
     """The workload's config at the chosen preset with the command line's overrides."""
     return config.get_config(args.workload, args.preset, **overrides(args))
@@ -137,6 +201,7 @@ def run(
             args.preset = config.default_preset(plan.platform == "gpu")
         cfg = config_of(args)  # bad settings fail before a framework is imported
         check_compile(framework, args, plan.count)
+        check_nodes(framework, args)
         results.check_writable(args.results)  # before hours of training, not after
         if before_import is not None:
             before_import(plan)

@@ -38,9 +38,9 @@ def port_of(address: str, name: str) -> int:
     return int(port)
 
 
-def check_port_free(port: int, name: str) -> None:
+def check_port_free(port: int, name: str, taken: str | None = None) -> None:
     """Refuse a port that a server cannot bind on every address (as gRPC binds `[::]:port`,
-    with SO_REUSEADDR): another program holds it."""
+    with SO_REUSEADDR): another program holds it. `taken`: the line to refuse it with."""
     try:
         probe = socket.socket(socket.AF_INET6)
     except OSError:  # no IPv6 here: probe IPv4's every address instead
@@ -51,8 +51,9 @@ def check_port_free(port: int, name: str) -> None:
             probe.bind(("::" if probe.family == socket.AF_INET6 else "", port))
         except OSError as e:
             raise config.ConfigError(
-                f"port {port} of {name} cannot be used ({e.strerror}): another program holds "
-                "it; choose a free port for every process"
+                taken
+                or f"port {port} of {name} cannot be used ({e.strerror}): another program "
+                "holds it; choose a free port for every process"
             ) from None
 
 

@@ -3,45 +3,190 @@ gpipe and 1f1b): `python -m torch.distributed.run --standalone --nproc-per-node=
 
 torchrun sets RANK, WORLD_SIZE, LOCAL_RANK and the rendezvous in each worker's environment;
 `torch.distributed.init_process_group` reads them there.
+
+Several machines (resnet18 `--nnodes N --node-rank R --rdzv-endpoint HOST:PORT`): each node's
+torchrun joins a c10d rendezvous whose store node 0 hosts on HOST:PORT. torch's waits there end
+in tracebacks, or never (a client of a port that another program holds waits forever, torch
+2.15), so this launcher checks the port on node 0 first, gives torch's timeouts a margin above
+its own bound, and stops torchrun with one line when no worker of this node has started
+training (each says so in a file, READY_FILE_ENV) within `--rdzv-timeout` seconds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from common import cli
+from common import cli, config, processes
 
 ROOT = Path(__file__).resolve().parent.parent
 ERROR_FILE_ENV = "MULTIDEVICE_WORKER_ERROR_FILE"  # where a worker leaves its one-line error
+READY_FILE_ENV = "MULTIDEVICE_WORKER_READY_FILE"  # made by a worker once its process group is up
+RDZV_ID = "multidevice"  # the same on every node: the nodes of one command meet under it
+TORCH_MARGIN_S = 60  # torch's own rendezvous timeouts end this much after the launcher's
+POLL_S = 0.2
+STOP_WAIT_S = 40  # after SIGTERM torchrun gives its workers 30 s to end, then kills them
 
 
-def torchrun(module: str, argv: list[str], nproc: int, what: str) -> None:
-    """Run `python -m module *argv` in `nproc` processes on this machine; raise SystemExit with
-    one line if any of them fails (torchrun then stops the others)."""
+@dataclass(frozen=True)
+class Nodes:
+    """A run over `count` machines; this is node `rank`; node 0 hosts the rendezvous."""
+
+    count: int
+    rank: int
+    endpoint: str  # HOST:PORT, HOST being node 0's address
+    timeout: int  # seconds for every node to join and this node's workers to start
+
+    @classmethod
+    def of(cls, args) -> Nodes | None:
+        """From the command line (checked by cli.check_nodes); None on one machine."""
+        if getattr(args, "nnodes", None) is None:
+            return None
+        timeout = args.rdzv_timeout or cli.RDZV_TIMEOUT_S
+        return cls(args.nnodes, args.node_rank, args.rdzv_endpoint, timeout)
+
+    def torchrun_options(self) -> list[str]:
+        # c10d numbers the nodes itself (torchrun ignores --node-rank there): the node rank
+        # says which one hosts the store (is_host). torch's timeouts end after the launcher's,
+        # so its line, not a torch traceback, is the one a user reads.
+        limit = self.timeout + TORCH_MARGIN_S
+        host = "true" if self.rank == 0 else "false"
+        return [
+            f"--nnodes={self.count}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={self.endpoint}",
+            f"--rdzv-id={RDZV_ID}",
+            f"--rdzv-conf=is_host={host},join_timeout={limit},read_timeout={limit}",
+        ]
+
+    def check(self) -> None:
+        """HOST resolves here, and on node 0 nothing else holds PORT (a client of another
+        program's port would wait forever)."""
+        host, _, port = self.endpoint.rpartition(":")
+        try:
+            socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_STREAM)
+        except socket.gaierror as e:
+            raise config.ConfigError(
+                f"--rdzv-endpoint {self.endpoint}: this node cannot resolve {host} "
+                f"({e.strerror}); give node 0's address"
+            ) from None
+        if self.rank == 0:
+            processes.check_port_free(
+                int(port),
+                "--rdzv-endpoint",
+                taken=f"the rendezvous port {self.endpoint} is in use by another program; "
+                "choose another --rdzv-endpoint port, the same on every node",
+            )
+
+    def timed_out(self) -> str:
+        """The line that ends a rendezvous which did not complete in time."""
+        others = [str(i) for i in range(self.count) if i != self.rank]
+        who = f"node {others[0]}" if len(others) == 1 else f"one of nodes {', '.join(others)}"
+        return (
+            f"{who} did not join the rendezvous at {self.endpoint} within {self.timeout} s "
+            f"(this is node {self.rank} of {self.count}): start the same command on every node "
+            f"with its own --node-rank (0 to {self.count - 1}), and check that {self.endpoint} "
+            "is node 0's address, reachable from here, and not another program's port"
+        )
+
+
+def torchrun(module: str, argv: list[str], nproc: int, what: str, nodes: Nodes | None = None):
+    """Run `python -m module *argv` in `nproc` processes on this machine (and, with `nodes`,
+    as one node of several); raise SystemExit with one line if any of them fails (torchrun then
+    stops the others)."""
     env = dict(os.environ)
     # torchrun sets OMP_NUM_THREADS=1 when it is unset (docs/design.md, traps): the processes
     # share the cores instead.
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    cmd = [sys.executable, "-m", "torch.distributed.run"]
+    cmd += nodes.torchrun_options() if nodes else ["--standalone"]
     cmd += [f"--nproc-per-node={nproc}", "--monitor-interval=0.5", "-m", module, *argv]
     with tempfile.TemporaryDirectory() as tmp:
         env[ERROR_FILE_ENV] = str(Path(tmp) / "error.txt")
-        rc = subprocess.run(cmd, env=env, cwd=ROOT).returncode
+        if nodes is None:
+            rc = subprocess.run(cmd, env=env, cwd=ROOT).returncode
+        else:
+            env[READY_FILE_ENV] = str(Path(tmp) / "ready")
+            rc = _run_node(cmd, env, nodes)
         if rc == 0:
             return
         # A worker's own error is the line to end on, not torchrun's summary of it.
         said = Path(env[ERROR_FILE_ENV])
         if said.is_file():
             raise SystemExit(said.read_text().strip())
-    raise SystemExit(
-        f"error: {what} failed: a worker exited with an error (torchrun exit {rc}); "
-        "see the worker output above"
+        met = nodes is None or Path(env[READY_FILE_ENV]).exists()
+    raise SystemExit(_failure(what, rc, nodes, met))
+
+
+def _failure(what: str, rc: int, nodes: Nodes | None, met: bool) -> str:
+    """The line for a torchrun that failed without a worker's error line; `met`: the nodes
+    had met (a worker's process group was up)."""
+    if nodes is None:
+        return (
+            f"error: {what} failed: a worker exited with an error (torchrun exit {rc}); "
+            "see the worker output above"
+        )
+    if not met:
+        return (
+            f"error: {what} failed: torchrun exited with code {rc} before the workers of node "
+            f"{nodes.rank} had joined the others (rendezvous at {nodes.endpoint}); see its "
+            "output above"
+        )
+    # torchrun also fails when another node's does
+    return (
+        f"error: {what} failed on node {nodes.rank}: torchrun exited with code {rc} (a worker "
+        "here or another node failed); see the output above and on the other nodes"
     )
+
+
+def _run_node(cmd: list[str], env: dict, nodes: Nodes) -> int:
+    """torchrun as one node of several, in a session of its own: its rendezvous is bounded by
+    `nodes.timeout`, and a timeout, an error or Ctrl-C here stops it (and so its workers)."""
+    nodes.check()
+    print(
+        f"node {nodes.rank} of {nodes.count}: waiting up to {nodes.timeout} s for every node "
+        f"to join the rendezvous at {nodes.endpoint}",
+        file=sys.stderr,
+        flush=True,
+    )
+    ready = Path(env[READY_FILE_ENV])
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + nodes.timeout
+        while proc.poll() is None and not ready.exists():
+            if time.monotonic() > deadline:
+                raise config.ConfigError(nodes.timed_out())
+            time.sleep(POLL_S)
+        return proc.wait()
+    finally:
+        _stop(proc)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """End torchrun if it still runs. Its workers have sessions of their own: SIGTERM lets
+    torchrun stop them first; SIGKILL (its process group) if it has not within STOP_WAIT_S."""
+    for sig, wait in ((signal.SIGTERM, STOP_WAIT_S), (signal.SIGKILL, 5)):
+        if proc.poll() is not None:  # a reaped pid may belong to someone else by now
+            return
+        with contextlib.suppress(ProcessLookupError):  # it ended just now
+            os.killpg(proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(wait)
+
+
+def signal_ready() -> None:
+    """In a worker, once its process group is up: the rendezvous has completed."""
+    if os.environ.get(READY_FILE_ENV):
+        Path(os.environ[READY_FILE_ENV]).touch()
 
 
 def worker_main(entry, argv: list[str]) -> None:

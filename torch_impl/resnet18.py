@@ -10,27 +10,30 @@ Strategies (`--strategy`), each in one function below:
                  GPUs (CUDA only: without CUDA it would silently run the plain module, so it is
                  refused).
 
-Several machines: `main()` starts one machine's torchrun with `--standalone`. For N nodes run the
-worker entry of this module on every node with the same arguments as `python -m torch_impl`:
+Several machines (ddp): the same command on every node, with `--gpus` per node:
 
-  python -m torch.distributed.run --nnodes=2 --node-rank=R --nproc-per-node=G \
-      --rdzv-backend=c10d --rdzv-endpoint=HOST:29500 \
-      --rdzv-conf=join_timeout=300,read_timeout=60 \
-      -m torch_impl.resnet18 --workload resnet18 --gpus G [--preset ...] [--results ...]
+  python -m torch_impl --workload resnet18 --gpus G --nnodes 2 --node-rank R \
+      --rdzv-endpoint HOST:29500 [--rdzv-timeout 300] [--preset ...] [--results ...]
 
-(R = 0 on HOST, 1 on the other; `--gpus` is per node; the world size is nnodes x G and the
-batch and lr scale with it). Two "nodes" on one machine work the same with HOST=127.0.0.1.
-The waits, in seconds: `join_timeout` for the other nodes to join (torch's default 600), then
-torchrun ends with a RendezvousTimeoutError traceback; `read_timeout` for a node to reach HOST's
-store (default 60), then RendezvousConnectionError. Neither bounds a busy port: when another
-program listens on HOST:29500, torch 2.15's store client connects to it and waits for an answer
-forever, without a word (with LOGLEVEL=INFO, torchrun's launch configs are the last lines). So
-check the port on HOST first: `python -c "import socket; socket.create_server(('', 29500))"`
-fails with "Address already in use" when it is taken; then choose another port for every node.
+R = 0 on HOST, whose torchrun hosts the rendezvous on port 29500, and 1 on the other. The world
+size is nnodes x G and the batch and lr scale with it; the record (extra.nnodes) is appended to
+`--results` on the node that torchrun makes rank 0 (c10d numbers the nodes itself). Two "nodes"
+on one machine work the same with HOST=127.0.0.1. What each node runs (torch_impl/launch.py):
+
+  python -m torch.distributed.run --nnodes=2 --nproc-per-node=G --rdzv-backend=c10d \
+      --rdzv-endpoint=HOST:29500 --rdzv-id=multidevice \
+      --rdzv-conf=is_host=true,join_timeout=360,read_timeout=360 -m torch_impl.resnet18 ...
+
+(is_host=false on the other nodes). torch's own waits end in tracebacks, and a client of a port
+that another program holds waits forever (torch 2.15), so node 0 checks first that the port is
+free, and every node waits at most `--rdzv-timeout` seconds for the rendezvous (torch's timeouts
+are 60 s later): a busy port or a missing node ends in one line and exit 2. Ctrl-C stops the
+node's torchrun and workers (exit 130); the other nodes then end with a line of their own.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import sys
@@ -272,12 +275,14 @@ def _test_accuracy(net, x_test, y_test, batch_size, amp, rank, world):
 def main(args, plan, cfg):
     """Check everything, then start the DDP workers (torchrun) or run DataParallel here."""
     strategy = training.choose_strategy("resnet18", FRAMEWORK, args.strategy, STRATEGIES)
-    _check(cfg, plan, strategy)
+    nodes = launch.Nodes.of(args)  # several machines: `--gpus` devices on each
+    world = plan if nodes is None else dataclasses.replace(plan, count=plan.count * nodes.count)
+    _check(cfg, world, strategy)
     if strategy == "dataparallel":
         _run(args, plan, cfg, strategy, tdev.get_devices(plan))
         return
     argv = _worker_argv(args)
-    launch.torchrun("torch_impl.resnet18", argv, plan.count, "DDP training")
+    launch.torchrun("torch_impl.resnet18", argv, plan.count, "DDP training", nodes)
 
 
 def _check(cfg, plan, strategy):
@@ -322,6 +327,7 @@ def _run(args, plan, cfg, strategy, devs):
         else [f"rank{r}:{devs[0].type}" for r in range(world)]
     )
     extra = {**usage, "omp_num_threads": torch.get_num_threads(), "world_size": world}
+    extra["nnodes"] = int(os.environ.get("GROUP_WORLD_SIZE", 1))  # torchrun's: the nodes
     if os.environ.get("OMP_NUM_THREADS"):
         extra["omp_num_threads_env"] = os.environ["OMP_NUM_THREADS"]
     rec = cli.make_record(
@@ -377,6 +383,7 @@ def ddp_worker(argv):
     dist.init_process_group(
         "nccl" if gpu else "gloo", timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
     )
+    launch.signal_ready()  # every node has joined: the launcher's wait ends
     try:
         device = torch.device(f"cuda:{os.environ['LOCAL_RANK']}") if gpu else torch.device("cpu")
         _run(args, plan, cli.config_of(args), "ddp", [device])

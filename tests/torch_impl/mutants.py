@@ -101,7 +101,7 @@ MUTANTS = [
     Mutant(
         "torch-r18-local-rank",
         "torch",
-        "tests/torch_impl/test_resnet18.py::test_two_nodes_on_localhost_match_one_node",
+        "tests/torch_impl/test_multinode.py::test_two_nodes_on_localhost_match_one_node",
         "torch_impl/resnet18.py",
         "    rank, world = (dist.get_rank(), dist.get_world_size()) "
         'if strategy == "ddp" else (0, 1)',

@@ -3,10 +3,8 @@
 import concurrent.futures
 import contextlib
 import dataclasses
-import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -182,15 +180,6 @@ def _cli(args, env=None, timeout=240):
     )
 
 
-@pytest.fixture(scope="module")
-def smoke_ddp(tmp_path_factory):
-    path = tmp_path_factory.mktemp("r18") / "results.jsonl"
-    args = ["--gpus", "2", "--preset", "smoke", "--platform", "cpu", "--results", str(path)]
-    out = _cli(args, env={"OMP_NUM_THREADS": "1"})  # as the two-node test: the same threads
-    assert out.returncode == 0, out.stderr[-3000:]
-    return out, json.loads(path.read_text().splitlines()[-1])
-
-
 @pytest.mark.slow
 @pytest.mark.multi_device
 def test_smoke_ddp_end_to_end(smoke_ddp):
@@ -240,49 +229,6 @@ def _kill_rank(rank, marker, timeout):
                 return True
         time.sleep(0.05)
     return False
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.mark.slow
-@pytest.mark.multi_device
-def test_two_nodes_on_localhost_match_one_node(tmp_path, smoke_ddp):
-    """torchrun --nnodes=2 with a c10d rendezvous on 127.0.0.1: one process per "node"."""
-    path, port = tmp_path / "r.jsonl", _free_port()
-    common = ["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d"]
-    common += [f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=r18test"]
-    worker = ["-m", "torch_impl.resnet18", "--workload", "resnet18", "--gpus", "1"]
-    worker += ["--preset", "smoke", "--platform", "cpu", "--results", str(path), "--no-progress"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", *common, f"--node-rank={r}", *worker],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    logs = [p.communicate(timeout=240)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), logs
-    rec = json.loads(path.read_text().splitlines()[-1])
-    one = smoke_ddp[1]
-    assert rec["devices"] == 2 and rec["batch_size"] == one["batch_size"]
-    # The same ranks, kernels and thread count (OMP_NUM_THREADS=1 in both): the same float32
-    # computation, so the same losses (rule 3 allows for the order of the host-side sums).
-    limit = numerics.reordered_sum_limit(rec["steps_timed"] or 1)
-    numerics.report(
-        "torch resnet18 2 nodes vs 1",
-        numerics.rel_error(rec["train_loss"], one["train_loss"]),
-        limit,
-    )
-    assert rec["test_acc"] == one["test_acc"]
 
 
 def test_warm_up_steps_leave_the_initial_weights():
