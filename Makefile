@@ -3,6 +3,8 @@
 #   make test                             every test suite, each in its framework's environment
 #   make numerics [NUMERICS_ISAS=AVX2]    the numerics tests, natively and with the ISA capped
 #   make bench FRAMEWORK=jax GPUS=2 [WORKLOAD=lenet] [PRESET=cpu] [PLATFORM=auto] [STRATEGY=...]
+#   make ceiling [FRAMEWORK=jax] [WORKLOAD=lenet] [PRESET=cpu] [RESULTS=..]   the framework's own
+#                                         tight-loop step of lenet and resnet18 on 1 device (GPUS ignored)
 #   make report | readme-tables | setup [FRAMEWORK=..] | lock [UPGRADE=1] | lint | info | clean
 
 SHELL := /bin/bash
@@ -36,7 +38,7 @@ else
   BENCH_WORKLOADS := $(WORKLOADS)
 endif
 
-.PHONY: setup test numerics mutants bench report compare lint format info clean
+.PHONY: setup test numerics mutants bench ceiling report compare lint format info clean
 
 # --- environments: base (common, compare, lint) + one per framework (docs/design.md, "Environments") ------
 # Each is installed from its lock file in locks/ (`make lock` writes them), so every machine gets the
@@ -138,6 +140,20 @@ endif
 	  $(VENV)/$(FRAMEWORK)/bin/python -m $(FRAMEWORK)_impl --workload $$w --gpus $(GPUS) \
 	    --platform $(PLATFORM) --results $(RESULTS) \
 	    $(if $(PRESET),--preset $(PRESET)) $(if $(STRATEGY),--strategy $(STRATEGY)) $(ARGS) || exit $$?; \
+	done
+
+# --- the ceiling: each workload's training step in a tight loop on one device, appending a
+# record (strategy `ceiling`) that the report sets against the training runs (common/ceiling.py).
+# One device always, so GPUS is not passed; resnet50 has no ceiling (refused in one line).
+CEILING_WORKLOADS := $(if $(filter all,$(WORKLOAD)),lenet resnet18,$(WORKLOAD))
+ceiling:
+	@$(MAKE) --no-print-directory setup $(if $(FRAMEWORK),FRAMEWORK=$(FRAMEWORK))
+	@$(READY); for f in $(SELECTED); do \
+	  ready $$f || continue; \
+	  for w in $(CEILING_WORKLOADS); do \
+	    $(VENV)/$$f/bin/python -m $${f}_impl.ceiling --workload $$w --platform $(PLATFORM) \
+	      --results $(RESULTS) $(if $(PRESET),--preset $(PRESET)) $(ARGS) || exit $$?; \
+	  done; \
 	done
 
 report: $(VENV)/base/.stamp

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -28,6 +28,9 @@ _OLDEST = datetime.min.replace(tzinfo=timezone.utc)
 # extra[SHARED_DEVICE] = true: a resnet50 record whose stages all ran on one device (a 1-GPU
 # machine): it measures the per-micro-batch overhead, not overlap
 SHARED_DEVICE = "stages_share_device"
+# The strategy of a ceiling record (python -m <fw>_impl.ceiling, common/ceiling.py): not a
+# training run, so it is kept out of the training tables and shown against them.
+CEILING = "ceiling"
 
 
 @dataclass(frozen=True, eq=False)
@@ -102,6 +105,10 @@ class Entry:
         return (r.preset, r.platform, bool(r.virtual), hardware_key(r))
 
     @property
+    def ceiling(self) -> bool:
+        return self.rec.strategy == CEILING
+
+    @property
     def shares_device(self) -> bool:
         return isinstance(self.rec.extra, dict) and self.rec.extra.get(SHARED_DEVICE) is True
 
@@ -157,8 +164,9 @@ class Machine:
     """The records of one preset, platform and hardware model: one section of the report."""
 
     key: tuple  # Entry.machine
-    entries: list[Entry]
+    entries: list[Entry]  # training records
     slug: str = ""  # a file-name-safe name, unique among the report's machines
+    ceilings: list[Entry] = field(default_factory=list)  # ceiling records (CEILING)
 
     @property
     def preset(self) -> str:
@@ -189,18 +197,27 @@ def machines(
     entries: list[Entry], preset: str | None = None, platform: str | None = None
 ) -> tuple[list[Machine], list[LeftOut]]:
     """The machine groups, in the order their first records were read; records of another
-    preset or platform than the one asked for are left out, with the reason."""
+    preset or platform than the one asked for are left out, with the reason. Ceiling records
+    join the group of their machine, apart from its training records (left out without one)."""
     asked = ", ".join(
         x for x in (preset and f"preset {preset}", platform and f"platform {platform}") if x
     )
     groups: dict[tuple, list[Entry]] = {}
-    left = []
+    left, ceilings = [], []
     for e in sorted(entries, key=lambda e: e.order):
         if (preset and e.rec.preset != preset) or (platform and e.rec.platform != platform):
             left.append(LeftOut(e, f"not {asked}"))
+        elif e.ceiling:
+            ceilings.append(e)
         else:
             groups.setdefault(e.machine, []).append(e)
     out = [Machine(key, group) for key, group in groups.items()]
+    by_key = {m.key: m for m in out}
+    for e in ceilings:
+        if e.machine in by_key:
+            by_key[e.machine].ceilings.append(e)
+        else:
+            left.append(LeftOut(e, NO_TRAINING))
     slugs: set[str] = set()
     for m in out:
         base = re.sub(r"[^a-z0-9]+", "-", m.title.lower()).strip("-") or "machine"
@@ -210,6 +227,9 @@ def machines(
             m.slug = f"{base}-{i}"
         slugs.add(m.slug)
     return out, left
+
+
+NO_TRAINING = "a ceiling with no training record of its machine group to compare it with"
 
 
 def parse_time(text: str) -> datetime:
@@ -254,6 +274,8 @@ def problem(rec: Record) -> str | None:
         return "extra is not an object"
     if not isinstance(rec.strategy, str) or not isinstance(rec.preset, str):
         return "strategy and preset must be strings"
+    if rec.strategy == CEILING and (rec.devices != 1 or rec.workload == "resnet50"):
+        return "a ceiling record is of lenet or resnet18 on 1 device"
     if rec.platform not in ("cpu", "gpu"):
         return f"unknown platform {rec.platform!r}"
     if rec.split_size is not None and (not isinstance(rec.split_size, int) or rec.split_size < 1):

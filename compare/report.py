@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from common import config, devices
-from compare import model_report, records, render, summary, tables, throughput
+from compare import ceiling, model_report, records, render, summary, tables, throughput
 from compare.records import Entry, LeftOut, Machine
 from compare.render import Doc
 from compare.tables import R50Row, Table
@@ -115,17 +115,18 @@ def load(paths, preset=None, platform=None, out: Path | None = None) -> Loaded |
     kept, superseded = records.newest(valid)
     machines, left = records.machines(kept, preset, platform)
     files = ", ".join(map(str, paths))
-    if not machines and left:
-        asked = left[0].reason.removeprefix("not ")
-        there = sorted({f"preset {x.entry.rec.preset} on {x.entry.rec.platform}" for x in left})
+    unasked = [x for x in left if x.reason != records.NO_TRAINING]
+    if not machines and unasked:
+        asked = unasked[0].reason.removeprefix("not ")
+        there = sorted({f"preset {x.entry.rec.preset} on {x.entry.rec.platform}" for x in unasked})
         print(
-            f"error: none of the {len(left)} usable record(s) in {files} is {asked} "
+            f"error: none of the {len(unasked)} usable record(s) in {files} is {asked} "
             f"(there are: {'; '.join(there)}); choose one of those{unchanged(out)}",
             file=sys.stderr,
         )
         return None
     if not machines:
-        problems = warnings + [f"{x.entry.describe()}: {x.reason}" for x in invalid]
+        problems = warnings + [f"{x.entry.describe()}: {x.reason}" for x in invalid + left]
         why = f"{len(problems)} problem(s); first: {problems[0]}" if problems else "no records"
         print(
             f"error: no usable results in {files} ({why}); "
@@ -248,6 +249,11 @@ def dp_section(doc: Doc, s: Section, out: Path, envs: dict[str, str]) -> None:
     s.table = tables.dp_table(s.workload, rows, envs)
     s.terminal = tables.dp_terminal(rows)
     doc.table(s.table)
+    ceiling_table = ceiling.ceiling_table(s.workload, s.entries, s.machine.ceilings, envs)
+    if ceiling_table is not None:
+        doc.heading(4, "Training loop vs its framework's ceiling")
+        doc.para(ceiling.EXPLANATION)
+        doc.table(ceiling_table)
     flops_section(doc, s.workload, s.entries)
     extras = tables.extras_table(f"{s.workload} memory and utilisation", rows)
     if extras is not None:

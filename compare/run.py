@@ -26,6 +26,7 @@ from common.results import ResultsError, check_writable
 
 ROOT = Path(__file__).resolve().parents[1]
 ALL = ("torch", "jax", "mxnet")
+CEILING = "ceiling"  # a Run of the ceiling benchmark (common/ceiling.py), not a strategy
 TAIL_LINES = 15
 
 
@@ -64,6 +65,9 @@ RUNS: tuple[Run, ...] = (
     Run("resnet50", 2,    ("torch",),  "1f1b"),
     Run("resnet50", 1,    ALL,         None,           (),          "1gpu",
         "the 2-device runs cannot run: at least the single-device time"),
+    # the framework's own tight-loop step on one device, for the report's x ceiling
+    Run("lenet",    1,    ALL,         "ceiling"),
+    Run("resnet18", 1,    ALL,         "ceiling"),
 )
 # fmt: on
 
@@ -83,6 +87,10 @@ class Step:
     flags: tuple[str, ...]
 
     def args(self, platform: str, preset: str, results: str) -> list[str]:
+        if self.strategy == CEILING:  # its own command: python -m <framework>_impl.ceiling
+            argv = ["-m", f"{self.framework}_impl.ceiling", "--workload", self.workload]
+            argv += ["--platform", platform, "--preset", preset]
+            return [*argv, *self.flags, "--results", results, "--no-progress"]
         argv = ["-m", f"{self.framework}_impl", "--workload", self.workload]
         argv += ["--gpus", str(self.gpus), "--platform", platform, "--preset", preset]
         if self.strategy:

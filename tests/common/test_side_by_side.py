@@ -15,6 +15,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 FRAMEWORKS = ("torch", "jax", "mxnet")
 WORKLOADS = ("lenet", "resnet18", "resnet50")
+# Files kept side by side besides the workloads: the ceiling benchmark (common/ceiling.py).
+PARALLEL = (*WORKLOADS, "ceiling")
 MAX_FUNCTION_LINES = 60
 MAX_FILE_LINES = 400
 
@@ -55,7 +57,7 @@ def public_names(path: Path) -> list[str]:
     return [n.name for n in tree.body if isinstance(n, kinds) and not n.name.startswith("_")]
 
 
-@pytest.mark.parametrize("workload", WORKLOADS)
+@pytest.mark.parametrize("workload", PARALLEL)
 def test_the_three_files_define_the_same_names_in_the_same_order(workload):
     names = {f: public_names(ROOT / f"{f}_impl" / f"{workload}.py") for f in FRAMEWORKS}
     extras = EXTRAS.get(workload, {})
@@ -69,6 +71,18 @@ def test_the_three_files_define_the_same_names_in_the_same_order(workload):
     for f, funcs in strategies.items():
         at = names[f].index("train")
         assert names[f][at - len(funcs) : at] == funcs, f"{f} {workload}: {names[f]}"
+
+
+def signatures(path: Path) -> dict[str, list[str]]:
+    tree = ast.parse(path.read_text())
+    funcs = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
+    return {f.name: [a.arg for a in f.args.args] for f in funcs}
+
+
+def test_the_ceiling_files_take_the_same_arguments():
+    """Only the step differs between the frameworks' ceilings: the same functions, arguments."""
+    found = {f: signatures(ROOT / f"{f}_impl" / "ceiling.py") for f in FRAMEWORKS}
+    assert found["jax"] == found["torch"] and found["mxnet"] == found["torch"]
 
 
 def test_the_pipeline_schedule_lives_in_the_same_class_everywhere():

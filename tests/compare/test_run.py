@@ -23,17 +23,20 @@ def test_plan_on_a_cpu_machine():
     plan = run.make_plan(run.ALL, WORKLOADS, "auto", accelerators=0)
     assert (plan.platform, plan.preset) == ("cpu", "cpu")
     steps = described(plan.steps)
-    assert len(steps) == 22
+    assert len(steps) == 28
     assert steps[:2] == [("torch", "lenet", 1, None, ()), ("torch", "lenet", 2, None, ())]
     assert [s for s in steps if s[1] == "resnet18"] == [
         ("torch", "resnet18", 1, "ddp", ()),
         ("torch", "resnet18", 2, "ddp", ()),
+        ("torch", "resnet18", 1, "ceiling", ()),  # right after its training runs
         ("jax", "resnet18", 1, "sharding", ()),
         ("jax", "resnet18", 2, "sharding", ()),
         ("jax", "resnet18", 1, "pmap", ()),
         ("jax", "resnet18", 2, "pmap", ()),
+        ("jax", "resnet18", 1, "ceiling", ()),
         ("mxnet", "resnet18", 1, "gluon", ()),
         ("mxnet", "resnet18", 2, "gluon", ()),
+        ("mxnet", "resnet18", 1, "ceiling", ()),
     ]
     assert [s for s in steps if s[0] == "torch" and s[1] == "resnet50"] == [
         ("torch", "resnet50", 2, None, ()),
@@ -53,15 +56,15 @@ def test_plan_on_a_cpu_machine():
 def test_plan_on_a_two_gpu_machine():
     plan = run.make_plan(run.ALL, WORKLOADS, "auto", accelerators=2)
     assert (plan.platform, plan.preset) == ("gpu", "full")
-    assert len(plan.steps) == 24 and plan.skipped == ()
+    assert len(plan.steps) == 30 and plan.skipped == ()
     assert ("torch", "resnet18", 2, "dataparallel", ()) in described(plan.steps)
 
 
 def test_plan_on_a_one_gpu_machine_skips_two_device_runs_with_a_reason():
     plan = run.make_plan(run.ALL, WORKLOADS, "auto", accelerators=1)
     assert all(s.gpus == 1 for s in plan.steps)
-    # lenet x3, torch ddp + dataparallel, jax x2, mxnet, and resnet50 (single) x3
-    assert len(plan.steps) == 3 + 2 + 2 + 1 + 3
+    # lenet x3, torch ddp + dataparallel, jax x2, mxnet, resnet50 (single) x3, ceilings x6
+    assert len(plan.steps) == 3 + 2 + 2 + 1 + 3 + 6
     assert ("mxnet", "resnet50", 1, None, ()) in described(plan.steps)
     assert len(plan.skipped) == 24 - 8
     assert all(why == "needs 2 GPUs; this machine has 1" for _, why in plan.skipped)
@@ -70,7 +73,11 @@ def test_plan_on_a_one_gpu_machine_skips_two_device_runs_with_a_reason():
 def test_plan_forced_cpu_and_preset():
     plan = run.make_plan(["jax"], ["lenet"], "cpu", accelerators=4, preset="smoke")
     assert (plan.platform, plan.preset) == ("cpu", "smoke")
-    assert described(plan.steps) == [("jax", "lenet", 1, None, ()), ("jax", "lenet", 2, None, ())]
+    assert described(plan.steps) == [
+        ("jax", "lenet", 1, None, ()),
+        ("jax", "lenet", 2, None, ()),
+        ("jax", "lenet", 1, "ceiling", ()),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -95,6 +102,11 @@ def test_step_command_line():
         "-m", "torch_impl", "--workload", "resnet50", "--gpus", "2", "--platform", "cpu",
         "--preset", "smoke", "--strategy", "gpipe", "--results", "/r.jsonl", "--no-progress",
     ]  # fmt: skip
+    ceiling = Step("jax", "lenet", 1, "ceiling", ()).args("cpu", "cpu", "/r.jsonl")
+    assert ceiling == [
+        "-m", "jax_impl.ceiling", "--workload", "lenet", "--platform", "cpu", "--preset", "cpu",
+        "--results", "/r.jsonl", "--no-progress",
+    ]  # fmt: skip
     sweep = Step("mxnet", "resnet50", 2, None, ("--sweep",)).args("gpu", "full", "r")
     assert "--strategy" not in sweep and sweep[-4:] == [
         "--sweep",
@@ -117,14 +129,16 @@ def fake_venv(tmp_path: Path, frameworks=run.ALL) -> Path:
     return venv
 
 
-# Stands in for `python -m <fw>_impl`: resnet18 fails, lenet appends a smoke-preset record.
+# Stands in for `python -m <fw>_impl` (and `<fw>_impl.ceiling`): resnet18 fails, lenet appends
+# a smoke-preset record (a ceiling: 3.2 s/epoch, so 4 s of training is 1.25x its ceiling).
 FAKE_IMPL = """
 import argparse, sys
 from common import results
-framework = sys.argv[2].removesuffix("_impl")
+framework, _, ceiling = sys.argv[2].partition("_impl")
 p = argparse.ArgumentParser()
-for name in ("--workload", "--gpus", "--platform", "--preset", "--strategy", "--results"):
+for name in ("--workload", "--platform", "--preset", "--strategy", "--results"):
     p.add_argument(name)
+p.add_argument("--gpus", default="1")
 p.add_argument("--no-progress", action="store_true")
 args = p.parse_args(sys.argv[3:])
 print(f"fake {framework} {args.workload} on {args.gpus}", flush=True)
@@ -132,12 +146,13 @@ if args.workload == "resnet18":
     print("Traceback: something broke", file=sys.stderr)
     print(f"boom in {framework} resnet18", file=sys.stderr)
     sys.exit(1)
-n = int(args.gpus)
+n, t = int(args.gpus), 3.2 if ceiling else 4.0 / int(args.gpus)
 results.append(results.Record(
-    framework=framework, workload=args.workload, strategy="scratch", devices=n,
-    platform=args.platform, virtual=True, device_names=["cpu"] * n, preset=args.preset,
-    batch_size=256, lr=0.2, epochs=1, test_acc=0.8,
-    sec_per_epoch={"median": 4.0 / n, "mean": 4.0 / n, "std": 0.0, "min": 1, "max": 1, "n": 1},
+    framework=framework, workload=args.workload, strategy="ceiling" if ceiling else "scratch",
+    devices=n, platform=args.platform, virtual=True, device_names=["cpu"] * n,
+    preset=args.preset, batch_size=256, lr=0.2, epochs=1, test_acc=None if ceiling else 0.8,
+    sec_per_epoch={"median": t, "mean": t, "std": 0.0, "min": 1, "max": 1, "n": 1},
+    extrapolated=bool(ceiling), extra={"s_per_step": t / 4, "repeats": 1} if ceiling else {},
 ), args.results)
 """
 
@@ -158,11 +173,11 @@ def test_a_failing_run_does_not_stop_the_others(tmp_path):
         runner=runner, echo=lines.append,
     )  # fmt: skip
     assert code == 1
-    assert len(calls) == 22  # every step ran
+    assert len(calls) == 28  # every step ran
     text = "\n".join(lines)
-    assert "14 of 22 run(s) ok, 8 failed, 0 not run, 2 skipped on this machine" in text
+    assert "17 of 28 run(s) ok, 11 failed, 0 not run, 2 skipped on this machine" in text
     assert "FAILED (exit 1)" in text and "ValueError: broken" in text
-    assert "[22/22] ok in" in text
+    assert "[28/28] ok in" in text
 
 
 def test_end_to_end_with_fake_environments(tmp_path, capsys):
@@ -179,10 +194,13 @@ def test_end_to_end_with_fake_environments(tmp_path, capsys):
     assert "    | fake jax lenet on 2" in text  # the child's output, streamed
     assert "boom in torch resnet18" in text.split("== summary")[1]  # stderr tail in the summary
     assert re.search(r"NOT RUN  mxnet lenet .*: no environment .*make setup FRAMEWORK=mxnet", text)
-    assert "4 of 14 run(s) ok, 6 failed, 4 not run, 2 skipped on this machine" in text
+    assert "6 of 20 run(s) ok, 8 failed, 6 not run, 2 skipped on this machine" in text
     md = (out / "report.md").read_text()
     assert "| torch | scratch | cpu (virtual) | smoke | 0.800 | 4.00 ± 0.00 s (n=1) |" in md
     assert "| 2.00x | 100% |" in md
+    # the ceilings ran beside the training: training 4.00 s over ceiling 3.20 s
+    assert "| torch | scratch | 4.00 ± 0.00 s (n=1) | 3.20 ± 0.00 s* (n=1) |" in md
+    assert md.count("| 1.25x |") == 2  # torch and jax
     assert "No resnet18 records in this group." in md
 
 
@@ -199,7 +217,7 @@ def test_a_framework_setup_skipped_is_skipped_and_the_report_says_so(tmp_path):
     assert code == 0  # every run planned for the frameworks set up ran
     text = "\n".join(lines)
     assert "skip: mxnet lenet on 1 device(s), default strategies: not set up: needs" in text
-    assert "4 of 4 run(s) ok, 0 failed, 0 not run, 2 skipped on this machine" in text
+    assert "6 of 6 run(s) ok, 0 failed, 0 not run, 3 skipped on this machine" in text
     assert "mxnet was not set up on this machine: needs Python 3.10 or 3.11" in text
     md = (out / "report.md").read_text()
     assert "- mxnet was not set up on this machine: needs Python 3.10 or 3.11" in md

@@ -1,0 +1,63 @@
+"""The ceiling benchmark in MXNet (common/ceiling.py): the workload's model, built by its own
+module, stepped in a tight loop on one device. `python -m mxnet_impl.ceiling --workload lenet`.
+Side by side with torch_impl/ceiling.py and jax_impl/ceiling.py; the training step each
+`<workload>_step` returns is the one its training loop runs, without the loop around it.
+"""
+
+import sys
+
+from mxnet import autograd, nd
+
+from common import ceiling, cli
+from mxnet_impl import devices as mdev
+from mxnet_impl import lenet, resnet18
+
+FRAMEWORK = "mxnet"
+
+
+def lenet_step(cfg, x, y):
+    """LeNet from scratch (its parameters, its summed loss) and MXNet's fused SGD update,
+    lr / batch as in lenet.train_batch (written there as `p - lr * grad / batch`)."""
+    params = lenet.get_params(lenet.init_params(cfg.init_std, cfg.seed), x.context)
+
+    def step(_):
+        with autograd.record():
+            loss = lenet.loss_fn(lenet.lenet(x, params), y)
+        loss.backward()
+        for p in params.values():
+            nd.sgd_update(p, p.grad, lr=cfg.lr, rescale_grad=1 / len(y), out=p)
+        return loss
+
+    return step, None
+
+
+def resnet18_step(cfg, x, y, amp, compiled):
+    """ResNet-18 as its training builds it, hybridized, with its Trainer (one context: no
+    kvstore) and resnet18.train_step itself. `amp`, `compiled`: refused before (bf16 has no
+    Gluon path here; Gluon compiles by hybridize)."""
+    net = resnet18.resnet18()
+    resnet18.init_weights(net, cfg.init_std, cfg.seed, [x.context])
+    net.hybridize()
+    trainer = resnet18.make_optimizer(net, cfg.lr)
+    return (lambda _: resnet18.train_step(net, trainer, [x], [y], len(y))), None
+
+
+def main(args, plan, cfg):
+    device = mdev.get_devices(plan)[0]
+    images, labels, steps_per_epoch = ceiling.first_batch(cfg)
+    if args.workload == "lenet":  # MXNet's lenet takes float labels (nd.pick)
+        x, y = nd.array(images, ctx=device), nd.array(labels.astype("float32"), ctx=device)
+        step, state = lenet_step(cfg, x, y)
+    else:
+        x, y = nd.array(images, ctx=device), nd.array(labels, ctx=device, dtype="int32")
+        step, state = resnet18_step(cfg, x, y, args.amp == "bf16", args.compile)
+    warmup, steps, repeats = ceiling.counts(args, cfg)
+    timer = ceiling.measure(step, state, mdev.sync, warmup, steps, repeats)
+    fields = ceiling.record_fields(timer, cfg, args.amp, warmup, steps, steps_per_epoch)
+    names, versions = mdev.device_names([device]), mdev.versions()
+    rec = cli.make_record(FRAMEWORK, args, plan, cfg, names, versions, **fields)
+    ceiling.save(rec, args.results, plan)
+
+
+if __name__ == "__main__":
+    sys.exit(ceiling.run(FRAMEWORK, main))

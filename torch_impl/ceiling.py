@@ -1,0 +1,65 @@
+"""The ceiling benchmark in PyTorch (common/ceiling.py): the workload's model, built by its own
+module, stepped in a tight loop on one device. `python -m torch_impl.ceiling --workload lenet`.
+Side by side with jax_impl/ceiling.py and mxnet_impl/ceiling.py; the training step each
+`<workload>_step` returns is the one its training loop runs, without the loop around it.
+"""
+
+import sys
+
+import torch
+
+from common import ceiling, cli
+from torch_impl import devices as tdev
+from torch_impl import lenet, resnet18
+
+FRAMEWORK = "torch"
+
+
+def lenet_step(cfg, x, y):
+    """LeNet from scratch (its parameters, its summed loss) and a fused SGD step: lr / batch,
+    since the loss is summed over the batch as in lenet.train_batch."""
+    params = lenet.get_params(lenet.init_params(cfg.init_std, cfg.seed), x.device)
+    optimizer = torch.optim.SGD(params.values(), lr=cfg.lr / len(y))
+
+    def step(_):
+        optimizer.zero_grad(set_to_none=True)
+        loss = lenet.loss_fn(lenet.lenet(x, params), y)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    return step, None
+
+
+def resnet18_step(cfg, x, y, amp, compiled):
+    """ResNet-18 as its training builds it (no DDP wrapper: one device, nothing to reduce), and
+    resnet18.train_step itself."""
+    net = resnet18.init_weights(resnet18.resnet18(), cfg.init_std, cfg.seed).to(x.device)
+    if x.device.type == "cuda":  # as resnet18._run: cuDNN autotuning, channels-last
+        torch.backends.cudnn.benchmark = True
+        net = net.to(memory_format=torch.channels_last)
+    if compiled:
+        net.compile()  # compiles in the first (warm-up) step
+    optimizer = resnet18.make_optimizer(net, cfg.lr)
+    return (lambda _: resnet18.train_step(net, optimizer, x, y, amp)), None
+
+
+def main(args, plan, cfg):
+    device = tdev.get_devices(plan)[0]
+    images, labels, steps_per_epoch = ceiling.first_batch(cfg)
+    x, y = torch.from_numpy(images).to(device), torch.from_numpy(labels).to(device)
+    if args.workload == "lenet":
+        step, state = lenet_step(cfg, x, y)
+    else:
+        step, state = resnet18_step(cfg, x, y, args.amp == "bf16", args.compile)
+    warmup, steps, repeats = ceiling.counts(args, cfg)
+    timer = ceiling.measure(step, state, lambda _: tdev.sync([device]), warmup, steps, repeats)
+    fields = ceiling.record_fields(timer, cfg, args.amp, warmup, steps, steps_per_epoch)
+    fields["extra"]["omp_num_threads"] = torch.get_num_threads()
+    names, versions = tdev.device_names([device]), tdev.versions()
+    rec = cli.make_record(FRAMEWORK, args, plan, cfg, names, versions, **fields)
+    ceiling.save(rec, args.results, plan)
+
+
+if __name__ == "__main__":
+    sys.exit(ceiling.run(FRAMEWORK, main))
