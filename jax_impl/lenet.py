@@ -136,7 +136,8 @@ def train(cfg, devices, train_data, test_data, no_progress=False):
     with timer.region():
         scratch = [get_params(params, d) for d in devices]
         for idx in data.warmup_batches(order):
-            pending = train_batch(*_take(X, y, idx), scratch, devices, cfg.lr)
+            _, loss = train_batch(*_take(X, y, idx), scratch, devices, cfg.lr)
+            pending = _add(jnp.zeros((), device=devices[0]), loss)  # the epoch's sum compiles
     log = training.EpochLog(cfg.epochs, len(order))
     for epoch in range(cfg.epochs):
         batches = data.batches(len(y), cfg.batch_size, cfg.seed, epoch)
@@ -146,7 +147,7 @@ def train(cfg, devices, train_data, test_data, no_progress=False):
                 # jitted gather: `X[idx]` with a NumPy index ran jnp's indexing in Python
                 X_batch, y_batch = _take(X, y, idx)
                 device_params, loss = train_batch(X_batch, y_batch, device_params, devices, cfg.lr)
-                total = _add(total, loss)  # on device 0; read once, after the epoch
+                total = _add(total, loss)  # jitted: `+=` ran jnp.add's dispatch in Python
                 pending = (device_params, total)
         acc = evaluate(device_params, *test_data, devices, cfg.batch_size)
         log.add(float(total) / len(y), acc, timer.times[-1], len(batches), len(y))
