@@ -3,7 +3,7 @@
 Parameters are replicated to every device, each batch is split over the devices, every device
 runs its own forward/backward, a hand-written allreduce sums the gradients, and every device
 applies the same SGD step. Side by side with torch_impl/lenet.py and mxnet_impl/lenet.py.
-No pmap, no psum, no sharding: only device_put and a jitted per-device function.
+No pmap, no psum, no sharding: only device_put and jitted per-device functions.
 """
 
 import jax
