@@ -3,7 +3,7 @@
 Parameters are replicated to every device, each batch is split over the devices, every device
 runs its own forward/backward, a hand-written allreduce sums the gradients, and every device
 applies the same SGD step. Side by side with torch_impl/lenet.py and mxnet_impl/lenet.py.
-No pmap, no psum, no sharding: only device_put and a jitted per-device function.
+No pmap, no psum, no sharding: only device_put and jitted per-device functions.
 """
 
 import jax
@@ -55,36 +55,41 @@ def loss_fn(y_hat, y):
     return -jnp.sum(jnp.take_along_axis(jax.nn.log_softmax(y_hat), y[:, None], axis=1))
 
 
-def get_params(params, device):
-    return {k: jax.device_put(p, device) for k, p in params.items()}
-
-
-def allreduce(data):
-    """Sum into device 0, then broadcast back. JAX arrays are immutable: where torch and MXNet
-    write `data[i][:] = ...` in place, this returns the new list, one array per device."""
-    total = data[0]
-    for i in range(1, len(data)):
-        total = total + jax.device_put(data[i], data[0].device)
-    return [total] + [jax.device_put(total, x.device) for x in data[1:]]
-
-
-def split_batch(X, y, devices):
-    """Split a batch over the devices: slices, each transferred to its device."""
-    assert X.shape[0] == y.shape[0]
-    n = len(devices)
-    return (
-        [jax.device_put(x, d) for x, d in zip(jnp.array_split(X, n), devices, strict=True)],
-        [jax.device_put(t, d) for t, d in zip(jnp.array_split(y, n), devices, strict=True)],
-    )
-
-
 # JAX compiles: the per-device pieces of train_batch and evaluate are jitted once (torch and MXNet
-# run eagerly); each runs on the device where its (committed) arguments live.
+# run eagerly); each runs on the device where its (committed) arguments live. Small helpers are
+# jitted too: an un-jitted jnp operation on the host's side costs more than LeNet's step.
 _grad = jax.jit(jax.value_and_grad(lambda params, X, y: loss_fn(lenet(X, params), y)))
 _sgd = jax.jit(
     lambda params, grads, lr, n: jax.tree.map(lambda p, g: p - lr * g / n, params, grads)
 )
 _correct = jax.jit(lambda params, X, y: jnp.sum(jnp.argmax(lenet(X, params), axis=1) == y))
+_add = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b))
+_split = jax.jit(lambda X, y, n: (jnp.array_split(X, n), jnp.array_split(y, n)), static_argnums=2)
+_take = jax.jit(lambda X, y, idx: (X[idx], y[idx]))
+
+
+def get_params(params, device):
+    return {k: jax.device_put(p, device) for k, p in params.items()}
+
+
+def allreduce(data):
+    """Sum into device 0, then broadcast back. `data[i]` is device i's array or pytree (a step
+    passes all its gradients at once: a parameter at a time cost a transfer and an add each,
+    every one dispatched from Python). JAX arrays are immutable: where torch and MXNet write
+    `data[i][:] = ...` in place, this returns the new list, one per device."""
+    devs = [jax.tree.leaves(x)[0].device for x in data]
+    total = data[0]
+    for i in range(1, len(data)):
+        total = _add(total, jax.device_put(data[i], devs[0]))
+    return [total] + [jax.device_put(total, d) for d in devs[1:]]
+
+
+def split_batch(X, y, devices):
+    """Split a batch over the devices: slices (cut on the batch's device in one jitted call; an
+    un-jitted jnp.array_split dispatched a slice at a time), each transferred to its device."""
+    assert X.shape[0] == y.shape[0]
+    X_shards, y_shards = _split(X, y, len(devices))
+    return jax.device_put(X_shards, devices), jax.device_put(y_shards, devices)
 
 
 def train_batch(X, y, device_params, devices, lr):
@@ -92,17 +97,18 @@ def train_batch(X, y, device_params, devices, lr):
     out) and the batch's summed loss (on device 0, not synced)."""
     X_shards, y_shards = split_batch(X, y, devices)
     outs = [
-        _grad(params, X_shard, y_shard)
+        _grad(params, X_shard, y_shard)  # (loss, gradients) on the shard's device
         for X_shard, y_shard, params in zip(X_shards, y_shards, device_params, strict=True)
     ]
-    ls, grads = [l for l, _ in outs], [g for _, g in outs]
-    summed = {name: allreduce([g[name] for g in grads]) for name in grads[0]}
+    # One allreduce for the whole step: the gradients, and the losses riding along with them
+    # (summed apart, a device_put and an un-jitted add per device).
+    summed = allreduce(outs)
     # every device: the same update with the full batch size
     device_params = [
-        _sgd(params, {name: s[i] for name, s in summed.items()}, lr, X.shape[0])
-        for i, params in enumerate(device_params)
+        _sgd(params, grads, lr, X.shape[0])
+        for params, (_, grads) in zip(device_params, summed, strict=True)
     ]
-    return device_params, sum(jax.device_put(l, devices[0]) for l in ls)
+    return device_params, summed[0][0]
 
 
 def evaluate(device_params, X, y, devices, batch_size):
@@ -130,15 +136,18 @@ def train(cfg, devices, train_data, test_data, no_progress=False):
     with timer.region():
         scratch = [get_params(params, d) for d in devices]
         for idx in data.warmup_batches(order):
-            pending = train_batch(X[idx], y[idx], scratch, devices, cfg.lr)
+            _, loss = train_batch(*_take(X, y, idx), scratch, devices, cfg.lr)
+            pending = _add(jnp.zeros((), device=devices[0]), loss)  # the epoch's sum compiles
     log = training.EpochLog(cfg.epochs, len(order))
     for epoch in range(cfg.epochs):
         batches = data.batches(len(y), cfg.batch_size, cfg.seed, epoch)
         total = jnp.zeros((), device=devices[0])
         with timer.region():
             for idx in cli.progress(batches, len(batches), f"epoch {epoch + 1}", no_progress):
-                device_params, loss = train_batch(X[idx], y[idx], device_params, devices, cfg.lr)
-                total += loss
+                # jitted gather: `X[idx]` with a NumPy index ran jnp's indexing in Python
+                X_batch, y_batch = _take(X, y, idx)
+                device_params, loss = train_batch(X_batch, y_batch, device_params, devices, cfg.lr)
+                total = _add(total, loss)  # jitted: `+=` ran jnp.add's dispatch in Python
                 pending = (device_params, total)
         acc = evaluate(device_params, *test_data, devices, cfg.batch_size)
         log.add(float(total) / len(y), acc, timer.times[-1], len(batches), len(y))

@@ -88,7 +88,9 @@ def train_batch(X, y, device_params, devices, lr):
         allreduce([params[name].grad for params in device_params])
     for params in device_params:  # every device: the same update with the full batch size
         for p in params.values():
-            p[:] = p - lr * p.grad / X.shape[0]  # grad_req "write": the next backward overwrites
+            # In place, two ops; `p[:] = p - lr * p.grad / n` was four (multiply, divide,
+            # subtract into a new array, copy back), each dispatched from Python.
+            p -= lr / X.shape[0] * p.grad  # grad_req "write": the next backward overwrites
     return nd.add_n(*(l.as_in_context(devices[0]) for l in ls))
 
 
@@ -124,8 +126,12 @@ def train(cfg, devices, train_data, test_data, no_progress=False):
         batches = data.batches(len(y), cfg.batch_size, cfg.seed, epoch)
         total = nd.zeros((1,), ctx=devices[0])
         with timer.region():
-            for idx in cli.progress(batches, len(batches), f"epoch {epoch + 1}", no_progress):
-                idx = nd.array(idx, ctx=X.context, dtype="int64")
+            # The epoch's order in one copy: a copy per batch (a synchronous copy from NumPy)
+            # would stop the CPU from queueing the next batch while the GPU runs this one.
+            order = nd.array(np.concatenate(batches), ctx=X.context, dtype="int64")
+            starts = range(0, len(order), cfg.batch_size)  # the batches, in order
+            for start in cli.progress(starts, len(batches), f"epoch {epoch + 1}", no_progress):
+                idx = order[start : start + cfg.batch_size]
                 total += train_batch(X.take(idx), y.take(idx), device_params, devices, cfg.lr)
         acc = evaluate(device_params, *test_data, devices, cfg.batch_size)
         log.add(float(total.asscalar()) / len(y), acc, timer.times[-1], len(batches), len(y))

@@ -65,8 +65,8 @@ MUTANTS = [
         "jax",
         f"{LENET}::test_matches_the_float64_reference_fixture[2]",
         "jax_impl/lenet.py",
-        "    for i in range(1, len(data)):\n        total = total + jax.device_put(",
-        "    for i in range(2, len(data)):\n        total = total + jax.device_put(",
+        "    for i in range(1, len(data)):\n        total = _add(total, jax.device_put(",
+        "    for i in range(2, len(data)):\n        total = _add(total, jax.device_put(",
         "allreduce misses device 1's gradient (an off-by-one in the sum)",
     ),
     Mutant(
@@ -74,8 +74,8 @@ MUTANTS = [
         "jax",
         f"{LENET}::test_two_devices_train_like_one",
         "jax_impl/lenet.py",
-        "        _sgd(params, {name: s[i] for name, s in summed.items()}, lr, X.shape[0])",
-        "        _sgd(params, {name: s[i] for name, s in summed.items()}, lr, len(X_shards[0]))",
+        "        _sgd(params, grads, lr, X.shape[0])",
+        "        _sgd(params, grads, lr, len(X_shards[0]))",
         "the summed gradient divided by a device's shard size, not the batch size",
     ),
     Mutant(

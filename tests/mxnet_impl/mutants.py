@@ -72,8 +72,8 @@ MUTANTS = [
         "mxnet",
         LENET + "test_matches_the_float64_reference_fixture[2]",
         "mxnet_impl/lenet.py",
-        "            p[:] = p - lr * p.grad / X.shape[0]",
-        "            p[:] = p - lr * p.grad / X_shards[0].shape[0]",
+        "            p -= lr / X.shape[0] * p.grad",
+        "            p -= lr / X_shards[0].shape[0] * p.grad",
         "the summed gradient divided by a device's shard size, not the batch size",
     ),
     Mutant(
