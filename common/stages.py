@@ -2,7 +2,6 @@
 strategies a command asks for: framework-free, shared by torch_impl, jax_impl and mxnet_impl.
 """
 
-import dataclasses
 import math
 
 from common import config, results, timing, training
@@ -111,25 +110,6 @@ def runs(args, cfg, strategies) -> list[tuple[str, int | None, bool]]:
 def describe(blocks_per_stage) -> str:
     """`stem..layer2.3 | layer3.0..head`: which blocks each stage holds, in order."""
     return " | ".join(f"{b[0]}..{b[-1]}" if len(b) > 1 else b[0] for b in blocks_per_stage)
-
-
-def one_batch(cfg, batch_size: int | None = None):
-    """The config of one batch of `batch_size` images (default: the whole batch)."""
-    return dataclasses.replace(cfg, num_batches=1, batch_size=batch_size or cfg.batch_size)
-
-
-def stage_times(measure, model, cfg, strategy: str, split_size) -> dict:
-    """What the record keeps for the report's pipeline model (compare/pipeline_model.py):
-    nothing for `single`; `measure(model, cfg)`, each stage alone on one whole batch; and for
-    `pipeline` also each stage alone on one micro-batch of split_size, since a small batch
-    is not a proportional share of a whole one (kernels are less efficient, and fixed costs
-    weigh more)."""
-    if strategy == "single":
-        return {}
-    extra = measure(model, cfg)
-    if strategy == "pipeline":
-        extra["microbatch_stage_seconds"] = measure(model, cfg, split_size)["stage_seconds"]
-    return extra
 
 
 def record_fields(cfg, timer: timing.Timer, losses, split_size, extra: dict, sweep: bool, shared):

@@ -19,11 +19,7 @@ EXPLANATION = (
     "stages overlap, bubble (p - 1) / (m + p - 1)), `T = a * (m + p - 1) / m * max_stage + m * o`; "
     "**serial** (nothing overlaps, the stage times add), `T = a * sum(stages) + m * o`. The stage "
     "times are measured (each stage alone, one whole batch, forward and backward: the median over "
-    "the records that carry them). Where every sweep record also carries its stages' times on one "
-    "micro-batch of its split size, those are used instead of the whole batch's / m "
-    "(`T = a * (m + p - 1) * max_stage(micro) + m * o` and `T = a * m * sum(stages(micro)) + "
-    "m * o`): a small batch is not a proportional share of a whole one. `a` and `o` are fitted "
-    "to the sweep (least squares on the "
+    "the records that carry them); `a` and `o` are fitted to the sweep (least squares on the "
     "relative error, both >= 0). **Held-out error**: each split size left out of the fit in turn "
     "and predicted by the rest. The model with the smaller mean held-out error is used if that "
     f"error is at most {pm.FIT_LIMIT:.0%}; otherwise neither is, and none is drawn. "
@@ -39,7 +35,6 @@ class RowFit:
     stage_records: int  # how many records the medians are of
     measured: dict[int, float]  # split size -> seconds
     selection: pm.Selection
-    micro: bool = False  # the fits use each point's micro-batch stage times
 
     @property
     def shared(self) -> bool:
@@ -47,8 +42,8 @@ class RowFit:
         return any(e.shares_device for e in self.row.sweep.values())
 
 
-def stage_seconds(e: Entry, key: str = "stage_seconds") -> list[float] | None:
-    value = e.rec.extra.get(key)
+def stage_seconds(e: Entry) -> list[float] | None:
+    value = e.rec.extra.get("stage_seconds")
     if (
         isinstance(value, list)
         and len(value) >= 2
@@ -56,18 +51,6 @@ def stage_seconds(e: Entry, key: str = "stage_seconds") -> list[float] | None:
     ):
         return [float(t) for t in value]
     return None
-
-
-def micro_stages(row: R50Row, n_stages: int) -> dict[int, list[float]] | None:
-    """Each sweep point's stage times on one micro-batch of its split size, when every point
-    has them for `n_stages` stages (mixing them with whole-batch shares would bias the fit)."""
-    found = {}
-    for split, e in row.sweep.items():
-        t = stage_seconds(e, "microbatch_stage_seconds")
-        if t is None or len(t) != n_stages:
-            return None
-        found[split] = t
-    return found
 
 
 def median_stages(row: R50Row) -> tuple[list[float], int] | None:
@@ -94,11 +77,10 @@ def fit_row(row: R50Row) -> tuple[RowFit | None, str]:
     if stages is None:
         return None, "no record carries per-stage times (extra['stage_seconds']); no model."
     measured = {k: e.median for k, e in row.sweep.items()}
-    micro = micro_stages(row, len(stages[0]))
-    selection = pm.select(stages[0], batch_sizes.pop(), measured, micro)
+    selection = pm.select(stages[0], batch_sizes.pop(), measured)
     if selection is None:
         return None, "the sweep's points all have the same number of micro-batches; no model."
-    return RowFit(row, stages[0], stages[1], measured, selection, micro is not None), ""
+    return RowFit(row, stages[0], stages[1], measured, selection), ""
 
 
 def fmt_seconds(seconds: float) -> str:
@@ -144,9 +126,7 @@ def describe(f: RowFit) -> str:
     shared = f" Here {note}." if f.shared else ""
     return (
         f"stage times {', '.join(f'{t:.3g}' for t in f.stage_seconds)} s (median of "
-        f"{f.stage_records} record(s))"
-        + ("; each point's stage times on one micro-batch of its split size" if f.micro else "")
-        + f"; {len(f.measured)} split sizes, batch {e.rec.batch_size}"
+        f"{f.stage_records} record(s)); {len(f.measured)} split sizes, batch {e.rec.batch_size}"
         + (f", num_batches {batches}" if batches else "")
         + ". "
         + "; ".join(fits)

@@ -10,11 +10,7 @@ a smaller and less efficient kernel):
 - serial: nothing overlaps (one CPU process whose operators use every core, or both stages on
   one GPU), so the stage times add: `T = a * sum(stages) + m * o`
 
-The stage times are measured (each stage alone, forward and backward): on one micro-batch of
-the split size where the records carry that (`microbatch`: the sweep's own kernels at its own
-batch size; on a CPU a batch of 1 is far from 1/24 of a batch of 24), else on one whole batch,
-whose stage times / m stand in for a micro-batch's. With micro-batch times t_s the two are
-`T = a * (m + p - 1) * max_s t_s + m * o` and `T = a * m * sum_s t_s + m * o`. `a` and
+The stage times are measured (each stage alone, one whole batch, forward and backward). `a` and
 `o` are fitted by least squares on the relative error, both >= 0. Each model is tested by leaving
 one split size out at a time, refitting, and predicting it; the model with the smaller mean
 held-out error is chosen if that error is at most FIT_LIMIT, and otherwise neither.
@@ -49,19 +45,15 @@ def stage_time(stage_seconds, stages: int) -> float:
     return float(t.max() / t.mean() * t.sum() / stages)
 
 
-def batch_work(kind: str, stage_seconds, m: int, p: int, micro=None) -> float:
-    """Seconds one batch of m micro-batches takes through p stages, before the overheads.
-    `micro`: each stage's measured time on one micro-batch; without it, the whole batch's / m."""
-    t = np.asarray(stage_seconds, dtype=float) / m if micro is None else np.asarray(micro, float)
+def batch_work(kind: str, stage_seconds, m: int, p: int) -> float:
+    """Seconds one batch of m micro-batches takes through p stages, before the overheads."""
     if kind == SERIAL:
-        return m * float(t.sum())  # the same total work whatever the stage count
-    return (m + p - 1) * stage_time(t, p)
+        return float(np.sum(stage_seconds))  # the same total work whatever the stage count
+    return (m + p - 1) / m * stage_time(stage_seconds, p)
 
 
-def predict(
-    kind: str, m: int, p: int, stage_seconds, scale: float, overhead: float, micro=None
-) -> float:
-    return scale * batch_work(kind, stage_seconds, m, p, micro) + m * overhead
+def predict(kind: str, m: int, p: int, stage_seconds, scale: float, overhead: float) -> float:
+    return scale * batch_work(kind, stage_seconds, m, p) + m * overhead
 
 
 @dataclass(frozen=True)
@@ -72,7 +64,6 @@ class Model:
     scale: float  # a
     overhead: float  # seconds per micro-batch and timed repeat
     constrained: bool = False  # the free fit had a negative parameter: one was held at 0
-    micro: dict | None = None  # split size -> each stage's seconds on one micro-batch of it
 
     @property
     def stages(self) -> int:
@@ -81,14 +72,12 @@ class Model:
     def predict(self, split_size: int, stages: int | None = None) -> float:
         m = micro_batches(self.batch_size, split_size)
         p = stages or self.stages
-        micro = (self.micro or {}).get(split_size)
-        return predict(self.kind, m, p, self.stage_seconds, self.scale, self.overhead, micro)
+        return predict(self.kind, m, p, self.stage_seconds, self.scale, self.overhead)
 
 
-def fit(kind: str, stage_seconds, batch_size: int, measured: dict[int, float], micro=None):
-    """The model of `kind` closest (in relative error) to `measured` (split size -> seconds),
-    with `micro` (split size -> micro-batch stage times) where measured; None when the points
-    do not pin down two parameters (fewer than two micro-batch counts)."""
+def fit(kind: str, stage_seconds, batch_size: int, measured: dict[int, float]) -> Model | None:
+    """The model of `kind` closest (in relative error) to `measured` (split size -> seconds);
+    None when the points do not pin down two parameters (fewer than two micro-batch counts)."""
     if len(stage_seconds) < 2:
         return None  # one stage is not a pipeline
     splits = sorted(measured)
@@ -97,11 +86,7 @@ def fit(kind: str, stage_seconds, batch_size: int, measured: dict[int, float], m
         return None
     p = len(stage_seconds)
     y = np.array([measured[s] for s in splits], dtype=float)
-    micro = micro or {}
-    work = [
-        batch_work(kind, stage_seconds, m, p, micro.get(s)) for s, m in zip(splits, ms, strict=True)
-    ]
-    rows = np.array([work, ms], dtype=float).T
+    rows = np.array([[batch_work(kind, stage_seconds, m, p), m] for m in ms], dtype=float)
     rows /= y[:, None]  # relative residuals: every point counts alike, fast or slow
     target = np.ones(len(y))
     params = np.linalg.lstsq(rows, target, rcond=None)[0]
@@ -115,7 +100,6 @@ def fit(kind: str, stage_seconds, batch_size: int, measured: dict[int, float], m
         float(params[0]),
         float(params[1]),
         constrained,
-        dict(micro) or None,
     )
 
 
@@ -154,16 +138,15 @@ class Fit:
         return max((abs(e) for e in self.held_out.values()), default=None)
 
 
-def cross_validate(kind: str, stage_seconds, batch_size: int, measured, micro=None):
-    """The fit to every point, and each point's error when it is left out of the fit (its own
-    micro-batch stage times, measured apart from the sweep's time, still predict it)."""
-    model = fit(kind, stage_seconds, batch_size, measured, micro)
+def cross_validate(kind: str, stage_seconds, batch_size: int, measured: dict[int, float]):
+    """The fit to every point, and each point's error when it is left out of the fit."""
+    model = fit(kind, stage_seconds, batch_size, measured)
     if model is None:
         return None
     held_out = {}
     for split in sorted(measured):
         rest = {s: t for s, t in measured.items() if s != split}
-        without = fit(kind, stage_seconds, batch_size, rest, micro)
+        without = fit(kind, stage_seconds, batch_size, rest)
         if without is not None:
             held_out[split] = (without.predict(split) - measured[split]) / measured[split]
     return Fit(model, held_out)
@@ -187,11 +170,11 @@ class Selection:
         return None if self.chosen is None else self.fits[self.chosen].model
 
 
-def select(stage_seconds, batch_size: int, measured, micro=None, limit=FIT_LIMIT):
+def select(stage_seconds, batch_size: int, measured: dict[int, float], limit=FIT_LIMIT):
     """Both models fitted and tested on `measured`; None when neither can be fitted."""
     fits = {}
     for kind in KINDS:
-        result = cross_validate(kind, stage_seconds, batch_size, measured, micro)
+        result = cross_validate(kind, stage_seconds, batch_size, measured)
         if result is not None:
             fits[kind] = result
     if not fits:

@@ -307,13 +307,12 @@ def make_data(cfg, devices):
     return inputs, labels
 
 
-def measure_stages(model, cfg, batch_size=None, repeats=3):
-    """For the compare report's pipeline model: seconds each stage takes for one whole batch
-    (or `batch_size` images), forward and backward, on its own device, stages run one after
-    another (median of `repeats`, after a warm-up that compiles); parameters per stage; peak
-    memory per stage (device.memory_stats(), where the backend has it) or else parameter +
-    gradient bytes."""
-    inputs, labels = make_data(stages.one_batch(cfg, batch_size), model.devices)
+def measure_stages(model, cfg, repeats=3):
+    """For the compare report's pipeline model: seconds each stage takes for one whole batch,
+    forward and backward, on its own device, stages run one after another (median of
+    `repeats`, after a warm-up that compiles); parameters per stage; peak memory per stage
+    (device.memory_stats(), where the backend has it) or else parameter + gradient bytes."""
+    inputs, labels = make_data(dataclasses.replace(cfg, num_batches=1), model.devices)
     x, y, n = inputs[0], labels[0], len(model.modules)
     seconds, params, memory, box = [], [], [], []
     for s, (module, p, st, device) in enumerate(
@@ -380,7 +379,7 @@ def run_strategy(args, plan, cfg, devs, strategy, split_size=None, sweep=False):
     shared = len(used) > plan.count  # one GPU: both stages on it
     model = build(strategy, used, split_size, cfg.num_classes, cfg.seed)
     timer, losses = train(model, cfg, used)
-    extra = stages.stage_times(measure_stages, model, cfg, strategy, split_size)
+    extra = measure_stages(model, cfg) if strategy != "single" else {}
     rec = cli.make_record(
         FRAMEWORK, args, dataclasses.replace(plan, count=min(len(used), plan.count)), cfg,
         jdev.device_names(used), jdev.versions(), strategy=strategy,

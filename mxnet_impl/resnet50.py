@@ -156,12 +156,12 @@ def make_data(cfg, devices):
     return inputs, labels
 
 
-def measure_stages(model, cfg, batch_size=None, repeats=3):
-    """For the compare report's pipeline model: seconds each stage takes for one whole batch
-    (or `batch_size` images), forward and backward, on its own device, stages run one after
-    another (median of `repeats`); parameters per stage; and parameter + gradient bytes per
-    stage (MXNet exposes no peak memory)."""
-    x = make_data(stages.one_batch(cfg, batch_size), model.devices)[0][0]
+def measure_stages(model, cfg, repeats=3):
+    """For the compare report's pipeline model: seconds each stage takes for one whole batch,
+    forward and backward, on its own device, stages run one after another (median of
+    `repeats`); parameters per stage; and parameter + gradient bytes per stage (MXNet exposes
+    no peak memory)."""
+    x = make_data(dataclasses.replace(cfg, num_batches=1), model.devices)[0][0]
     seconds, params, memory = [], [], []
     for i, (stage, device) in enumerate(zip(model.stages, model.devices, strict=True)):
         x = x.as_in_context(device)
@@ -247,7 +247,7 @@ def run_strategy(args, plan, cfg, devs, strategy, split_size=None, sweep=False):
     mx.random.seed(cfg.seed)
     model = build(strategy, used, split_size, cfg.num_classes)
     timer, losses = train(model, cfg, used)
-    extra = stages.stage_times(measure_stages, model, cfg, strategy, split_size)
+    extra = measure_stages(model, cfg) if strategy != "single" else {}
     rec = cli.make_record(
         FRAMEWORK, args, dataclasses.replace(plan, count=min(len(used), plan.count)), cfg,
         mdev.device_names(used), mdev.versions(), strategy=strategy,

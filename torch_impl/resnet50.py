@@ -145,13 +145,12 @@ def make_data(cfg, devices, dtype=torch.float32):
     return inputs, labels
 
 
-def measure_stages(model, cfg, batch_size=None, repeats=3):
-    """For the compare report's pipeline model: seconds each stage takes for one whole batch
-    (or `batch_size` images), forward and backward, on its own device, stages run one after
-    another (median of `repeats`); parameters per stage; peak memory per stage
-    (torch.cuda.max_memory_allocated, read before this runs) or else parameter + gradient
-    bytes."""
-    x = make_data(stages.one_batch(cfg, batch_size), model.devices)[0][0]
+def measure_stages(model, cfg, repeats=3):
+    """For the compare report's pipeline model: seconds each stage takes for one whole batch,
+    forward and backward, on its own device, stages run one after another (median of
+    `repeats`); parameters per stage; peak memory per stage (torch.cuda.max_memory_allocated,
+    read before this runs) or else parameter + gradient bytes."""
+    x = make_data(dataclasses.replace(cfg, num_batches=1), model.devices)[0][0]
     seconds, params, memory = [], [], []
     for i, (stage, device) in enumerate(zip(model.stages, model.devices, strict=True)):
         x = x.to(device).detach().requires_grad_(i > 0)  # later stages need the input grad
@@ -229,7 +228,7 @@ def run_strategy(args, plan, cfg, devs, strategy, split_size=None, sweep=False):
         for d in cuda:  # after the build: CUDA refuses this on a device it has not touched yet
             torch.cuda.reset_peak_memory_stats(d)
         timer, losses = train(model, cfg, used)
-        extra = stages.stage_times(measure_stages, model, cfg, strategy, split_size)
+        extra = measure_stages(model, cfg) if strategy != "single" else {}
         if strategy == "single" and cuda:
             extra = {"peak_memory_bytes": [torch.cuda.max_memory_allocated(cuda[0])]}
     rec = cli.make_record(
