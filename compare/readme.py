@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from compare import model_report, records, tables
+from compare import ceiling, model_report, records, tables
 from compare.records import Entry, Machine
 from compare.render import markdown_table
 from compare.tables import DASH, STAR, Table
@@ -56,7 +56,8 @@ def fragment(paths=REFERENCE, root: Path = ROOT) -> str:
             if workload == "resnet50":
                 blocks += [markdown_table(t) for t in r50_tables(entries)]
             else:
-                blocks.append(markdown_table(dp_table(workload, entries)))
+                mine = [c for c in machine.ceilings if c.rec.workload == workload]
+                blocks.append(markdown_table(dp_table(workload, entries, mine)))
     return "\n\n".join(blocks)
 
 
@@ -108,8 +109,17 @@ def busy(e: Entry | None) -> str | None:
     return f"{tables.fmt_percent(e.rec.extra.get('utilization'))}%"
 
 
-def dp_table(workload: str, entries: list[Entry]) -> Table:
-    """lenet, resnet18: test accuracy, sec/epoch on every device count, speedup, GPU busy."""
+def ceiling_of(e: Entry | None, ceilings: list[Entry]) -> Entry | None:
+    """The ceiling record of a 1-device training record's framework and tier, if measured."""
+    if e is None:
+        return None
+    same = [c for c in ceilings if c.rec.framework == e.rec.framework]
+    return next((c for c in same if ceiling.tier(c) == ceiling.tier(e)), None)
+
+
+def dp_table(workload: str, entries: list[Entry], ceilings: list[Entry] = ()) -> Table:
+    """lenet, resnet18: test accuracy, sec/epoch on every device count, speedup, GPU busy, and
+    where a ceiling was measured, the 1-device run against it (compare/ceiling.py)."""
     rows = tables.dp_rows(entries)
     counts = tables.device_counts(rows)
     with_busy = [n for n in counts if any(busy(r.cells.get(n)) for r in rows)]
@@ -118,6 +128,8 @@ def dp_table(workload: str, entries: list[Entry]) -> Table:
     multi = [n for n in counts if n > 1]
     headers += [f"speedup ({n} dev)" for n in multi]
     headers += [f"GPU busy ({n} dev)" for n in with_busy]
+    if ceilings:
+        headers += ["ceiling sec/epoch", "x ceiling (1 dev)"]
     body = []
     for row in rows:
         found = [row.cells.get(n) for n in counts]
@@ -128,12 +140,21 @@ def dp_table(workload: str, entries: list[Entry]) -> Table:
             s = row.speedup(n)
             cells.append(tables.fmt_speedup(s and s[0], row.extrapolated(1, n)))
         cells += [busy(row.cells.get(n)) or DASH for n in with_busy]
+        if ceilings:
+            c = ceiling_of(row.cells.get(1), ceilings)
+            x = c and ceiling.ratio(row.cells.get(1), c)
+            cells += [tables.time_cell(c), DASH if x is None else f"{x:.2f}x"]
         body.append(cells)
     notes = []
     if any(e.rec.extrapolated for e in entries):
         notes.append(f"{STAR} extrapolated: the epoch time is projected from the timed steps.")
     if with_busy:
         notes.append("GPU busy: mean NVML utilisation over the timed epochs.")
+    if ceilings:
+        notes.append(
+            "ceiling: the framework's own tight-loop step of the same model on one device "
+            "(`make ceiling`), per epoch; x ceiling = sec/epoch (1 dev) / ceiling sec/epoch."
+        )
     if any(e.diverged for e in entries):
         notes.append(tables.DIVERGED_NOTE)
     return Table(workload, headers, body, notes)

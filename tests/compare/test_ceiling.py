@@ -94,3 +94,23 @@ def test_ceilings_are_not_training_rows(built):
     assert all(strategy != "ceiling" for _, _, strategy in summary)
     assert "a ceiling with no training record of its machine group" in built
     assert CPU in built
+
+
+def test_readme_tables_show_the_ceiling_beside_the_one_device_time(tmp_path):
+    from compare import readme
+
+    path = tmp_path / "results" / "r.jsonl"
+    path.parent.mkdir()
+    for rec in training() + CEILINGS[:-1]:  # the smoke ceiling would be a group of its own
+        results.append(rec, path)
+    text = readme.fragment(("results/r.jsonl",), tmp_path)
+    assert "| ceiling sec/epoch | x ceiling (1 dev) |" in text
+    assert (
+        "| 10.0 ± 0.5 s (n=3) | 5.00 ± 0.25 s (n=3) | 2.00x | 8.00 ± 0.00 s* (n=3) | 1.25x |"
+        in (text)
+    )
+    assert "| mxnet scratch | 0.790 / – | 12.0 ± 0.6 s (n=3) | – | – | – | – |" in text  # none
+    resnet18 = text.split("| resnet18", 1)[1].split("\n\n", 1)[0]
+    assert "| torch ddp | 0.610 | 300 ± 0 s* (n=1) | 240 ± 0 s* (n=3) | 1.25x |" in resnet18
+    assert "| torch ddp+compiled | 0.600 | 250 ± 0 s (n=1) | – | – |" in resnet18  # its own tier
+    assert "| jax pmap | 0.630 | 160 ± 0 s (n=1) | 200 ± 0 s* (n=3) | 0.80x |" in resnet18
