@@ -169,7 +169,10 @@ def test_ctrl_c_stops_every_process_of_the_node(tmp_path):
     """Ctrl-C on node 0 while both nodes train: exit 130, and no torchrun or worker of it
     left; node 1 then fails with a line of its own rather than waiting."""
     path, port = tmp_path / "r.jsonl", free_port()
-    procs = [start(documented_command(port, r, path, timeout=120)) for r in (0, 1)]
+    # Epochs enough to be still training at the Ctrl-C (the smoke preset's one ends in seconds:
+    # a run that had finished would exit 0)
+    long = ["--epochs", "1000"]
+    procs = [start(documented_command(port, r, path, timeout=120) + long) for r in (0, 1)]
     try:
         deadline, workers = time.monotonic() + 120, [b"torch_impl.resnet18"]
         while len(_processes_of(str(path), workers)) < 2 and time.monotonic() < deadline:
