@@ -169,6 +169,7 @@ def _run_node(cmd: list[str], env: dict, nodes: Nodes) -> int:
         return proc.wait()
     finally:
         _stop(proc)
+        _kill_workers(ready)
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -183,10 +184,24 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait(wait)
 
 
+def _kill_workers(ready: Path) -> None:
+    """SIGKILL this node's workers that outlived torchrun (a SIGTERM that reached it at a bad
+    moment, under load, left them training, orphaned): the pids they wrote in `ready`, each
+    only if its environment still names that file (a pid may have been reused)."""
+    mark = f"{READY_FILE_ENV}={ready}".encode()
+    pids = ready.read_text().split() if ready.is_file() else []
+    for pid in map(int, pids):
+        with contextlib.suppress(OSError):  # gone already, or not ours to read
+            if mark in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                os.kill(pid, signal.SIGKILL)
+
+
 def signal_ready() -> None:
-    """In a worker, once its process group is up: the rendezvous has completed."""
+    """In a worker, once its process group is up: the rendezvous has completed (its pid, for
+    the launcher to stop it should torchrun not)."""
     if os.environ.get(READY_FILE_ENV):
-        Path(os.environ[READY_FILE_ENV]).touch()
+        with open(os.environ[READY_FILE_ENV], "a") as f:
+            f.write(f"{os.getpid()}\n")
 
 
 def worker_main(entry, argv: list[str]) -> None:

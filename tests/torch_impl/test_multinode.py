@@ -194,3 +194,26 @@ def test_ctrl_c_stops_every_process_of_the_node(tmp_path):
     time.sleep(1)  # the last ones reaped
     assert _processes_of(str(path)) == []
     assert not path.exists()
+
+
+def test_workers_left_by_torchrun_are_killed_and_only_they(tmp_path):
+    """launch._kill_workers: a worker that wrote its pid (signal_ready) and outlived torchrun is
+    killed; a process whose environment does not name the same file is left alone."""
+    ready = tmp_path / "ready"
+    code = "from torch_impl import launch; launch.signal_ready(); import time; time.sleep(60)"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), launch.READY_FILE_ENV: str(ready)}
+    worker = subprocess.Popen([sys.executable, "-c", code], env=env)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        deadline = time.monotonic() + 30
+        while not (ready.is_file() and ready.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        with open(ready, "a") as f:
+            f.write(f"{other.pid}\n")  # a pid reused by another program: not to be killed
+        launch._kill_workers(ready)
+        assert worker.wait(timeout=10) == -signal.SIGKILL
+        assert other.poll() is None
+    finally:
+        for p in (worker, other):
+            p.kill()
+            p.wait(timeout=10)
