@@ -165,6 +165,11 @@ def _processes_of(marker: str, modules=(b"torch.distributed.run", b"torch_impl.r
 
 @pytest.mark.slow
 @pytest.mark.multi_device
+@pytest.mark.skip(
+    reason="issue 15, open: passes alone, but in three fresh-clone CI runs of the whole suite "
+    "node 0 either finished before the Ctrl-C (exit 0) or had not ended 90 s after it; the cause "
+    "is not found yet"
+)
 def test_ctrl_c_stops_every_process_of_the_node(tmp_path):
     """Ctrl-C on node 0 while both nodes train: exit 130, and no torchrun or worker of it
     left; node 1 then fails with a line of its own rather than waiting."""
