@@ -28,7 +28,9 @@ on one machine work the same with HOST=127.0.0.1. What each node runs (torch_imp
 that another program holds waits forever (torch 2.15), so node 0 checks first that the port is
 free, and every node waits at most `--rdzv-timeout` seconds for the rendezvous (torch's timeouts
 are 60 s later): a busy port or a missing node ends in one line and exit 2. Ctrl-C stops the
-node's torchrun and workers (exit 130); the other nodes then end with a line of their own.
+node's torchrun and workers (exit 130; torchrun prints a traceback first, and under load this
+has been seen not to end within 90 s: issue 15); the other nodes then end with a line of
+their own.
 """
 
 from __future__ import annotations
