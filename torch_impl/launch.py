@@ -1,5 +1,6 @@
 """torchrun, the way this project starts one process per device (resnet18's DDP, resnet50's
-gpipe and 1f1b): `python -m torch.distributed.run --standalone --nproc-per-node=N -m MODULE`.
+gpipe and 1f1b): `python -m torch.distributed.run --standalone --nproc-per-node=N -m MODULE`
+(through torch_impl/torchrun.py, which ends quietly when it is stopped).
 
 torchrun sets RANK, WORLD_SIZE, LOCAL_RANK and the rendezvous in each worker's environment;
 `torch.distributed.init_process_group` reads them there.
@@ -10,6 +11,11 @@ in tracebacks, or never (a client of a port that another program holds waits for
 2.15), so this launcher checks the port on node 0 first, gives torch's timeouts a margin above
 its own bound, and stops torchrun with one line when no worker of this node has started
 training (each says so in a file, READY_FILE_ENV) within `--rdzv-timeout` seconds.
+
+torchrun runs in a session of its own, so a Ctrl-C reaches the launcher only, which then stops
+torchrun (which stops its workers: they too have sessions of their own) within a bound, and
+kills any worker left. Had the terminal's Ctrl-C reached torchrun too, subprocess would SIGKILL
+it 0.25 s later, possibly before it had stopped its workers, which kept training, orphaned.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from common import cli, config, processes
 ROOT = Path(__file__).resolve().parent.parent
 ERROR_FILE_ENV = "MULTIDEVICE_WORKER_ERROR_FILE"  # where a worker leaves its one-line error
 READY_FILE_ENV = "MULTIDEVICE_WORKER_READY_FILE"  # made by a worker once its process group is up
+PIDS_FILE_ENV = "MULTIDEVICE_WORKER_PIDS_FILE"  # each worker's pid, for the launcher to stop it
 RDZV_ID = "multidevice"  # the same on every node: the nodes of one command meet under it
 TORCH_MARGIN_S = 60  # torch's own rendezvous timeouts end this much after the launcher's
 POLL_S = 0.2
@@ -107,16 +114,17 @@ def torchrun(module: str, argv: list[str], nproc: int, what: str, nodes: Nodes |
     # share the cores instead.
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    cmd = [sys.executable, "-m", "torch.distributed.run"]
+    cmd = [sys.executable, "-m", "torch_impl.torchrun"]  # torch.distributed.run, quiet if stopped
     cmd += nodes.torchrun_options() if nodes else ["--standalone"]
     cmd += [f"--nproc-per-node={nproc}", "--monitor-interval=0.5", "-m", module, *argv]
     with tempfile.TemporaryDirectory() as tmp:
-        env[ERROR_FILE_ENV] = str(Path(tmp) / "error.txt")
-        if nodes is None:
-            rc = subprocess.run(cmd, env=env, cwd=ROOT).returncode
-        else:
-            env[READY_FILE_ENV] = str(Path(tmp) / "ready")
-            rc = _run_node(cmd, env, nodes)
+        for name, file in (
+            (ERROR_FILE_ENV, "error"),
+            (READY_FILE_ENV, "ready"),
+            (PIDS_FILE_ENV, "pids"),
+        ):
+            env[name] = str(Path(tmp) / file)
+        rc = _run(cmd, env, nodes)
         if rc == 0:
             return
         # A worker's own error is the line to end on, not torchrun's summary of it.
@@ -148,28 +156,29 @@ def _failure(what: str, rc: int, nodes: Nodes | None, met: bool) -> str:
     )
 
 
-def _run_node(cmd: list[str], env: dict, nodes: Nodes) -> int:
-    """torchrun as one node of several, in a session of its own: its rendezvous is bounded by
-    `nodes.timeout`, and a timeout, an error or Ctrl-C here stops it (and so its workers)."""
-    nodes.check()
-    print(
-        f"node {nodes.rank} of {nodes.count}: waiting up to {nodes.timeout} s for every node "
-        f"to join the rendezvous at {nodes.endpoint}",
-        file=sys.stderr,
-        flush=True,
-    )
-    ready = Path(env[READY_FILE_ENV])
+def _run(cmd: list[str], env: dict, nodes: Nodes | None) -> int:
+    """torchrun in a session of its own, to its end; a Ctrl-C or an error here, or (one node
+    of several) a rendezvous not complete within `nodes.timeout`, stops it and its workers."""
+    if nodes:
+        nodes.check()
+        print(
+            f"node {nodes.rank} of {nodes.count}: waiting up to {nodes.timeout} s for every "
+            f"node to join the rendezvous at {nodes.endpoint}",
+            file=sys.stderr,
+            flush=True,
+        )
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, start_new_session=True)
     try:
-        deadline = time.monotonic() + nodes.timeout
-        while proc.poll() is None and not ready.exists():
-            if time.monotonic() > deadline:
-                raise config.ConfigError(nodes.timed_out())
-            time.sleep(POLL_S)
+        if nodes:
+            ready, deadline = Path(env[READY_FILE_ENV]), time.monotonic() + nodes.timeout
+            while proc.poll() is None and not ready.exists():
+                if time.monotonic() > deadline:
+                    raise config.ConfigError(nodes.timed_out())
+                time.sleep(POLL_S)
         return proc.wait()
     finally:
         _stop(proc)
-        _kill_workers(ready)
+        _kill_workers(Path(env[PIDS_FILE_ENV]))
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -184,12 +193,12 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait(wait)
 
 
-def _kill_workers(ready: Path) -> None:
-    """SIGKILL this node's workers that outlived torchrun (a SIGTERM that reached it at a bad
-    moment, under load, left them training, orphaned): the pids they wrote in `ready`, each
-    only if its environment still names that file (a pid may have been reused)."""
-    mark = f"{READY_FILE_ENV}={ready}".encode()
-    pids = ready.read_text().split() if ready.is_file() else []
+def _kill_workers(pids_file: Path) -> None:
+    """SIGKILL the workers that outlived torchrun (one SIGKILLed before it had stopped them):
+    the pids they wrote in `pids_file`, each only if its environment still names that file (a
+    pid may have been reused)."""
+    mark = f"{PIDS_FILE_ENV}={pids_file}".encode()
+    pids = pids_file.read_text().split() if pids_file.is_file() else []
     for pid in map(int, pids):
         with contextlib.suppress(OSError):  # gone already, or not ours to read
             if mark in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
@@ -197,16 +206,17 @@ def _kill_workers(ready: Path) -> None:
 
 
 def signal_ready() -> None:
-    """In a worker, once its process group is up: the rendezvous has completed (its pid, for
-    the launcher to stop it should torchrun not)."""
+    """In a worker, once its process group is up: the rendezvous has completed."""
     if os.environ.get(READY_FILE_ENV):
-        with open(os.environ[READY_FILE_ENV], "a") as f:
-            f.write(f"{os.getpid()}\n")
+        Path(os.environ[READY_FILE_ENV]).touch()
 
 
 def worker_main(entry, argv: list[str]) -> None:
     """Run a worker's `entry(argv)`: a user error is one line (and is left for the launcher to
     end on), Ctrl-C ends quietly; the exit code tells torchrun."""
+    if os.environ.get(PIDS_FILE_ENV):  # for the launcher to stop it, should torchrun not
+        with open(os.environ[PIDS_FILE_ENV], "a") as f:
+            f.write(f"{os.getpid()}\n")
     try:
         entry(argv)
     except cli.USER_ERRORS as e:

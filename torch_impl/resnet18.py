@@ -18,7 +18,8 @@ Several machines (ddp): the same command on every node, with `--gpus` per node:
 R = 0 on HOST, whose torchrun hosts the rendezvous on port 29500, and 1 on the other. The world
 size is nnodes x G and the batch and lr scale with it; the record (extra.nnodes) is appended to
 `--results` on the node that torchrun makes rank 0 (c10d numbers the nodes itself). Two "nodes"
-on one machine work the same with HOST=127.0.0.1. What each node runs (torch_impl/launch.py):
+on one machine work the same with HOST=127.0.0.1. What each node runs (torch_impl/launch.py,
+through torch_impl/torchrun.py):
 
   python -m torch.distributed.run --nnodes=2 --nproc-per-node=G --rdzv-backend=c10d \
       --rdzv-endpoint=HOST:29500 --rdzv-id=multidevice \
@@ -28,9 +29,8 @@ on one machine work the same with HOST=127.0.0.1. What each node runs (torch_imp
 that another program holds waits forever (torch 2.15), so node 0 checks first that the port is
 free, and every node waits at most `--rdzv-timeout` seconds for the rendezvous (torch's timeouts
 are 60 s later): a busy port or a missing node ends in one line and exit 2. Ctrl-C stops the
-node's torchrun and workers (exit 130; torchrun prints a traceback first, and under load this
-has been seen not to end within 90 s: issue 15); the other nodes then end with a line of
-their own.
+node's torchrun and workers (exit 130, "interrupted; no record written"); the other nodes then
+fail (torch's tracebacks for the lost peer, then a line of their own).
 """
 
 from __future__ import annotations

@@ -2,9 +2,20 @@
 
 import pytest
 
-from tests.fixtures import bad_inputs
+from tests.fixtures import bad_inputs, interrupt
 
 
 @pytest.mark.parametrize("case", bad_inputs.for_suite("mxnet"))
 def test_bad_input_ends_in_one_line_and_writes_nothing(case, tmp_path):
     bad_inputs.check(case, tmp_path)
+
+
+def test_ctrl_c_while_training_is_one_line_and_leaves_nothing(tmp_path):
+    interrupt.check("mxnet_impl --workload lenet", tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.multi_device
+def test_ctrl_c_on_two_devices_is_one_line_and_leaves_nothing(tmp_path):
+    """kvstore dist: the launcher, scheduler, server and workers."""
+    interrupt.check("mxnet_impl --workload resnet18 --strategy dist --gpus 2", tmp_path)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from common import cli
-from tests.fixtures import numerics
+from tests.fixtures import interrupt, numerics
 from torch_impl import launch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,7 +61,13 @@ def free_port() -> int:
 def start(cmd: list[str]) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # two "nodes" share 2 cores
     return subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        cmd,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=interrupt.default_sigint,  # as at a terminal: see interrupt.py
     )
 
 
@@ -165,11 +171,6 @@ def _processes_of(marker: str, modules=(b"torch.distributed.run", b"torch_impl.r
 
 @pytest.mark.slow
 @pytest.mark.multi_device
-@pytest.mark.skip(
-    reason="issue 15, open: passes alone, but in three fresh-clone CI runs of the whole suite "
-    "node 0 either finished before the Ctrl-C (exit 0) or had not ended 90 s after it; the cause "
-    "is not found yet"
-)
 def test_ctrl_c_stops_every_process_of_the_node(tmp_path):
     """Ctrl-C on node 0 while both nodes train: exit 130, and no torchrun or worker of it
     left; node 1 then fails with a line of its own rather than waiting."""
@@ -202,20 +203,20 @@ def test_ctrl_c_stops_every_process_of_the_node(tmp_path):
 
 
 def test_workers_left_by_torchrun_are_killed_and_only_they(tmp_path):
-    """launch._kill_workers: a worker that wrote its pid (signal_ready) and outlived torchrun is
-    killed; a process whose environment does not name the same file is left alone."""
-    ready = tmp_path / "ready"
-    code = "from torch_impl import launch; launch.signal_ready(); import time; time.sleep(60)"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), launch.READY_FILE_ENV: str(ready)}
+    """launch._kill_workers: a worker (launch.worker_main wrote its pid) that outlived torchrun
+    is killed; a process whose environment does not name the same file is left alone."""
+    pids = tmp_path / "pids"
+    code = "from torch_impl import launch; import time; launch.worker_main(time.sleep, 60)"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), launch.PIDS_FILE_ENV: str(pids)}
     worker = subprocess.Popen([sys.executable, "-c", code], env=env)
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         deadline = time.monotonic() + 30
-        while not (ready.is_file() and ready.read_text().strip()) and time.monotonic() < deadline:
+        while not (pids.is_file() and pids.read_text().strip()) and time.monotonic() < deadline:
             time.sleep(0.1)
-        with open(ready, "a") as f:
+        with open(pids, "a") as f:
             f.write(f"{other.pid}\n")  # a pid reused by another program: not to be killed
-        launch._kill_workers(ready)
+        launch._kill_workers(pids)
         assert worker.wait(timeout=10) == -signal.SIGKILL
         assert other.poll() is None
     finally:
