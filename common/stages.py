@@ -96,15 +96,24 @@ def stage_devices(devs: list, strategy: str) -> list:
     return devs if len(devs) > 1 else devs * 2
 
 
-def runs(args, cfg, strategies) -> list[tuple[str, int | None, bool]]:
-    """(strategy, split_size, sweep) of each run the command asks for: with --sweep the pipeline
-    at every split size of the preset (the tutorial's last experiment), else each strategy
-    once, the pipelined ones at cfg.split_size. All are checked before anything runs."""
+def runs(args, cfg, strategies) -> list[tuple[str, tuple, bool]]:
+    """(strategy, split sizes, sweep) of each run the command asks for: with --sweep one run of
+    the pipeline at every split size of the preset (the tutorial's last experiment), else each
+    strategy once, the pipelined ones at cfg.split_size, the others at None (the whole batch).
+    All are checked before anything runs."""
     if not args.sweep:
-        return [(s, cfg.split_size if s in PIPELINED else None, False) for s in strategies]
+        return [(s, (cfg.split_size if s in PIPELINED else None,), False) for s in strategies]
     for split_size in cfg.split_sizes:
         config.check_split_size(split_size, cfg.batch_size)
-    return [("pipeline", split_size, True) for split_size in cfg.split_sizes]
+    return [("pipeline", tuple(cfg.split_sizes), True)]
+
+
+def round_robin(split_sizes, warmup: int, repeats: int) -> list:
+    """The split size of each repeat of a run: every split size's `warmup` repeats first,
+    then `repeats` rounds that take each split size once. The speed of a shared machine drifts
+    (a 2-core CPU: 1.87 s and 2.53 s at the same split size in two sweeps minutes apart);
+    taken round-robin, a drift slows every split size alike instead of bending the curve."""
+    return [s for s in split_sizes for _ in range(warmup)] + list(split_sizes) * repeats
 
 
 def describe(blocks_per_stage) -> str:
@@ -125,7 +134,7 @@ def record_fields(cfg, timer: timing.Timer, losses, split_size, extra: dict, swe
         "images_per_sec": cfg.num_batches * cfg.batch_size / stats.median,
         "train_loss": list(losses),
         "split_size": split_size,
-        "extra": extra | ({"sweep": True} if sweep else {}),
+        "extra": extra | ({"sweep": True, "round_robin": True} if sweep else {}),
         "diverged_at_epoch": diverged_repeat(losses, cfg.num_batches),
     }
 

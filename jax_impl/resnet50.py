@@ -349,20 +349,24 @@ def measure_stages(model, cfg, repeats=3):
     }
 
 
-def train(model, cfg, devices, train_bn=True):
+def train(model, cfg, devices, train_bn=True, split_sizes=(None,)):
     """The tutorial's loop: MSE on one-hot labels, SGD, `num_batches` steps per timed repeat,
-    `warmup` repeats apart (they compile). train_bn=False: BatchNorm uses its running
-    statistics, so cutting the batch into micro-batches changes nothing (tests). Returns the
-    Timer and every loss."""
+    `warmup` repeats apart (they compile). Several `split_sizes` (the sweep): the pipeline's
+    split size changes between repeats, taken round-robin (stages.round_robin). train_bn=False:
+    BatchNorm uses its running statistics, so cutting the batch into micro-batches changes
+    nothing (tests). Returns a Timer and every loss per split size."""
     model.train_bn = train_bn
     inputs, labels = make_data(cfg, devices)
-    losses = []
-    timer = timing.Timer(lambda: jdev.sync((model.params, model.stats, losses)), cfg.warmup)
-    for _ in range(cfg.warmup + cfg.repeats):
-        with timer.region():
+    losses = {s: [] for s in split_sizes}
+    sync = lambda: jdev.sync((model.params, model.stats, losses))  # noqa: E731
+    timers = {s: timing.Timer(sync, cfg.warmup) for s in split_sizes}
+    for split_size in stages.round_robin(split_sizes, cfg.warmup, cfg.repeats):
+        if split_size is not None:
+            model.split_size = split_size
+        with timers[split_size].region():
             for b in range(cfg.num_batches):
-                losses.append(model.train_step(inputs[b], labels[b], cfg.lr))
-    return timer, [float(loss) for loss in losses]
+                losses[split_size].append(model.train_step(inputs[b], labels[b], cfg.lr))
+    return {s: (timers[s], [float(loss) for loss in losses[s]]) for s in split_sizes}
 
 
 def build(strategy, devices, split_size, num_classes, seed=0):
@@ -373,25 +377,27 @@ def build(strategy, devices, split_size, num_classes, seed=0):
     return ModelParallelResNet50(devices, variables, num_classes)
 
 
-def run_strategy(args, plan, cfg, devs, strategy, split_size=None, sweep=False):
-    """Build, train, time and record one strategy; returns the record."""
+def run_strategy(args, plan, cfg, devs, strategy, split_sizes=(None,), sweep=False):
+    """Build, train, time and record one strategy, a record per split size; returns them."""
     used = stages.stage_devices(devs, strategy)
     shared = len(used) > plan.count  # one GPU: both stages on it
-    model = build(strategy, used, split_size, cfg.num_classes, cfg.seed)
-    timer, losses = train(model, cfg, used)
+    model = build(strategy, used, split_sizes[0], cfg.num_classes, cfg.seed)
+    runs = train(model, cfg, used, split_sizes=split_sizes)
     extra = measure_stages(model, cfg) if strategy != "single" else {}
-    rec = cli.make_record(
-        FRAMEWORK, args, dataclasses.replace(plan, count=min(len(used), plan.count)), cfg,
-        jdev.device_names(used), jdev.versions(), strategy=strategy,
-        **stages.record_fields(cfg, timer, losses, split_size, extra, sweep, shared),
-    )  # fmt: skip
-    stages.save(rec, args.results, cfg, plan)
-    return rec
+    recs = []
+    for split_size, (timer, losses) in runs.items():
+        recs.append(cli.make_record(
+            FRAMEWORK, args, dataclasses.replace(plan, count=min(len(used), plan.count)), cfg,
+            jdev.device_names(used), jdev.versions(), strategy=strategy,
+            **stages.record_fields(cfg, timer, losses, split_size, extra, sweep, shared),
+        ))  # fmt: skip
+        stages.save(recs[-1], args.results, cfg, plan)
+    return recs
 
 
 def main(args, plan, cfg):
     one_gpu = plan.count == 1 and plan.platform == "gpu"
     strategies = stages.choose_strategies(args, plan.count, STRATEGIES, FRAMEWORK, one_gpu)
     devs = jdev.get_devices(plan)
-    for strategy, split_size, sweep in stages.runs(args, cfg, strategies):
-        run_strategy(args, plan, cfg, devs, strategy, split_size, sweep)
+    for strategy, split_sizes, sweep in stages.runs(args, cfg, strategies):
+        run_strategy(args, plan, cfg, devs, strategy, split_sizes, sweep)

@@ -205,19 +205,23 @@ def use_running_stats(model, on):
         stage.hybridize()  # drops the cached graphs built with the old setting
 
 
-def train(model, cfg, devices, train_bn=True):
+def train(model, cfg, devices, train_bn=True, split_sizes=(None,)):
     """The tutorial's loop: MSE on one-hot labels, SGD, `num_batches` steps per timed repeat,
-    `warmup` repeats apart. train_bn=False: BatchNorm uses its running statistics, so cutting
-    the batch into micro-batches changes nothing (tests). Returns the Timer and every loss."""
+    `warmup` repeats apart. Several `split_sizes` (the sweep): the pipeline's split size changes
+    between repeats, taken round-robin (stages.round_robin). train_bn=False: BatchNorm uses its
+    running statistics, so cutting the batch into micro-batches changes nothing (tests).
+    Returns a Timer and every loss per split size."""
     # a Trainer needs all its parameters on one set of contexts: one per stage
     use_running_stats(model, not train_bn)
     groups = [s.collect_params() for s in getattr(model, "stages", [model])]
     trainers = [gluon.Trainer(g, "sgd", {"learning_rate": cfg.lr}, kvstore=None) for g in groups]
     inputs, labels = make_data(cfg, devices)
-    timer = timing.Timer(mdev.sync, warmup=cfg.warmup)
-    losses = []
-    for _ in range(cfg.warmup + cfg.repeats):
-        with timer.region():
+    timers = {s: timing.Timer(mdev.sync, cfg.warmup) for s in split_sizes}
+    losses = {s: [] for s in split_sizes}
+    for split_size in stages.round_robin(split_sizes, cfg.warmup, cfg.repeats):
+        if split_size is not None:
+            model.split_size = split_size
+        with timers[split_size].region():
             for b in range(cfg.num_batches):
                 with autograd.record():
                     outputs = model(inputs[b])
@@ -225,8 +229,9 @@ def train(model, cfg, devices, train_bn=True):
                 loss.backward()
                 for trainer in trainers:
                     trainer.step(1)  # the loss is a mean already
-                losses.append(loss)  # read after the clock stops: asscalar() would wait
-    return timer, [loss.asscalar().item() for loss in losses]
+                # read after the clock stops: asscalar() would wait
+                losses[split_size].append(loss)
+    return {s: (timers[s], [loss.asscalar().item() for loss in losses[s]]) for s in split_sizes}
 
 
 def build(strategy, devices, split_size, num_classes):
@@ -240,26 +245,28 @@ def build(strategy, devices, split_size, num_classes):
     return PipelineParallelResNet50(devices, split_size, num_classes)
 
 
-def run_strategy(args, plan, cfg, devs, strategy, split_size=None, sweep=False):
-    """Build, train, time and record one strategy; returns the record."""
+def run_strategy(args, plan, cfg, devs, strategy, split_sizes=(None,), sweep=False):
+    """Build, train, time and record one strategy, a record per split size; returns them."""
     used = stages.stage_devices(devs, strategy)
     shared = len(used) > plan.count  # one GPU: both stages on it
     mx.random.seed(cfg.seed)
-    model = build(strategy, used, split_size, cfg.num_classes)
-    timer, losses = train(model, cfg, used)
+    model = build(strategy, used, split_sizes[0], cfg.num_classes)
+    runs = train(model, cfg, used, split_sizes=split_sizes)
     extra = measure_stages(model, cfg) if strategy != "single" else {}
-    rec = cli.make_record(
-        FRAMEWORK, args, dataclasses.replace(plan, count=min(len(used), plan.count)), cfg,
-        mdev.device_names(used), mdev.versions(), strategy=strategy,
-        **stages.record_fields(cfg, timer, losses, split_size, extra, sweep, shared),
-    )  # fmt: skip
-    stages.save(rec, args.results, cfg, plan)
-    return rec
+    recs = []
+    for split_size, (timer, losses) in runs.items():
+        recs.append(cli.make_record(
+            FRAMEWORK, args, dataclasses.replace(plan, count=min(len(used), plan.count)), cfg,
+            mdev.device_names(used), mdev.versions(), strategy=strategy,
+            **stages.record_fields(cfg, timer, losses, split_size, extra, sweep, shared),
+        ))  # fmt: skip
+        stages.save(recs[-1], args.results, cfg, plan)
+    return recs
 
 
 def main(args, plan, cfg):
     one_gpu = plan.count == 1 and plan.platform == "gpu"
     strategies = stages.choose_strategies(args, plan.count, STRATEGIES, FRAMEWORK, one_gpu)
     devs = mdev.get_devices(plan)
-    for strategy, split_size, sweep in stages.runs(args, cfg, strategies):
-        run_strategy(args, plan, cfg, devs, strategy, split_size, sweep)
+    for strategy, split_sizes, sweep in stages.runs(args, cfg, strategies):
+        run_strategy(args, plan, cfg, devs, strategy, split_sizes, sweep)

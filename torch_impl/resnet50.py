@@ -180,26 +180,31 @@ def measure_stages(model, cfg, repeats=3):
     }
 
 
-def train(model, cfg, devices, train_bn=True):
+def train(model, cfg, devices, train_bn=True, split_sizes=(None,)):
     """The tutorial's loop: MSE on one-hot labels, SGD, `num_batches` steps per timed repeat,
-    `warmup` repeats apart. train_bn=False: BatchNorm uses its running statistics, so cutting
-    the batch into micro-batches changes nothing (tests). Returns the Timer and every loss."""
+    `warmup` repeats apart. Several `split_sizes` (the sweep): the pipeline's split size changes
+    between repeats, taken round-robin (stages.round_robin). train_bn=False: BatchNorm uses its
+    running statistics, so cutting the batch into micro-batches changes nothing (tests).
+    Returns a Timer and every loss per split size."""
     model.train(train_bn)
     loss_fn = nn.MSELoss()
     optimizer = optim.SGD(model.parameters(), lr=cfg.lr)
     inputs, labels = make_data(cfg, devices, next(model.parameters()).dtype)
-    timer = timing.Timer(lambda: tdev.sync(devices), warmup=cfg.warmup)
-    losses = []
-    for _ in range(cfg.warmup + cfg.repeats):
-        with timer.region():
+    timers = {s: timing.Timer(lambda: tdev.sync(devices), cfg.warmup) for s in split_sizes}
+    losses = {s: [] for s in split_sizes}
+    for split_size in stages.round_robin(split_sizes, cfg.warmup, cfg.repeats):
+        if split_size is not None:
+            model.split_size = split_size
+        with timers[split_size].region():
             for b in range(cfg.num_batches):
                 optimizer.zero_grad()
                 outputs = model(inputs[b])
                 loss = loss_fn(outputs, labels[b])
                 loss.backward()
                 optimizer.step()
-                losses.append(loss.detach())  # read after the clock stops: .item() would sync
-    return timer, [loss.item() for loss in losses]
+                # read after the clock stops: .item() would sync
+                losses[split_size].append(loss.detach())
+    return {s: (timers[s], [loss.item() for loss in losses[s]]) for s in split_sizes}
 
 
 def build(strategy, devices, split_size, num_classes):
@@ -210,34 +215,36 @@ def build(strategy, devices, split_size, num_classes):
     return PipelineParallelResNet50(devices, split_size, num_classes)
 
 
-def run_strategy(args, plan, cfg, devs, strategy, split_size=None, sweep=False):
-    """Build, train, time and record one strategy; returns the record."""
+def run_strategy(args, plan, cfg, devs, strategy, split_sizes=(None,), sweep=False):
+    """Build, train, time and record one strategy, a record per split size; returns them."""
     used = stages.stage_devices(devs, strategy)
     shared = len(used) > plan.count  # one GPU: both stages on it
     torch.manual_seed(cfg.seed)
     if strategy in ("gpipe", "1f1b"):
-        out = launch_pipelining(cfg, plan, strategy, split_size)
+        out = launch_pipelining(cfg, plan, strategy, split_sizes[0])
         timer = timing.Timer(warmup=cfg.warmup)
         timer.warmup_times, timer.times = out["warmup_times"], out["times"]
-        losses, extra = out["losses"], out["extra"]
+        runs, extra = {split_sizes[0]: (timer, out["losses"])}, out["extra"]
     else:
-        model = build(strategy, used, split_size, cfg.num_classes)
+        model = build(strategy, used, split_sizes[0], cfg.num_classes)
         if args.compile:  # torch.compile (--compile, `single` only): compiled in train's warm-up
             model.compile()
         cuda = list(dict.fromkeys(d for d in used if d.type == "cuda"))
         for d in cuda:  # after the build: CUDA refuses this on a device it has not touched yet
             torch.cuda.reset_peak_memory_stats(d)
-        timer, losses = train(model, cfg, used)
+        runs = train(model, cfg, used, split_sizes=split_sizes)
         extra = measure_stages(model, cfg) if strategy != "single" else {}
         if strategy == "single" and cuda:
             extra = {"peak_memory_bytes": [torch.cuda.max_memory_allocated(cuda[0])]}
-    rec = cli.make_record(
-        FRAMEWORK, args, dataclasses.replace(plan, count=min(len(used), plan.count)), cfg,
-        tdev.device_names(used), tdev.versions(), strategy=strategy,
-        **stages.record_fields(cfg, timer, losses, split_size, extra, sweep, shared),
-    )  # fmt: skip
-    stages.save(rec, args.results, cfg, plan)
-    return rec
+    recs = []
+    for split_size, (timer, losses) in runs.items():
+        recs.append(cli.make_record(
+            FRAMEWORK, args, dataclasses.replace(plan, count=min(len(used), plan.count)), cfg,
+            tdev.device_names(used), tdev.versions(), strategy=strategy,
+            **stages.record_fields(cfg, timer, losses, split_size, extra, sweep, shared),
+        ))  # fmt: skip
+        stages.save(recs[-1], args.results, cfg, plan)
+    return recs
 
 
 def main(args, plan, cfg):
@@ -247,8 +254,8 @@ def main(args, plan, cfg):
         if s in ("gpipe", "1f1b"):
             check_pipelining(s, plan.count, cfg.split_size, cfg.batch_size)
     devs = tdev.get_devices(plan)
-    for strategy, split_size, sweep in stages.runs(args, cfg, strategies):
-        run_strategy(args, plan, cfg, devs, strategy, split_size, sweep)
+    for strategy, split_sizes, sweep in stages.runs(args, cfg, strategies):
+        run_strategy(args, plan, cfg, devs, strategy, split_sizes, sweep)
 
 
 # --- torch only: the same stages on torch.distributed.pipelining, one process per stage --------

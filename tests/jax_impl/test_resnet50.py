@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from common import cli, config, devices, weights
+from common import cli, config, devices, stages, weights
 from jax_impl import resnet50 as r50
 from tests.fixtures import make_resnet50_fixture as gen
 from tests.fixtures import numerics
@@ -237,9 +237,26 @@ def test_main_default_writes_three_records(tmp_path):
 def test_main_sweep_writes_one_record_per_split(tmp_path):
     args = args_for(tmp_path, sweep=True)
     r50.main(args, devices.DevicePlan(2, "cpu", True), at_32(args))
-    assert [(r["strategy"], r["split_size"], r["extra"]["sweep"]) for r in read(args.results)] == [
+    recs = read(args.results)
+    assert [(r["strategy"], r["split_size"], r["extra"]["sweep"]) for r in recs] == [
         ("pipeline", s, True) for s in (1, 2, 4)
     ]
+    assert all(r["extra"]["round_robin"] and r["seconds"]["n"] == 1 for r in recs)
+
+
+@pytest.mark.multi_device
+def test_sweep_takes_the_split_sizes_round_robin(tmp_path, devs):
+    """One model for the whole sweep, its split size changed between repeats: each step sees
+    the split size of stages.round_robin's order, and each split size has its repeats."""
+    cfg = dataclasses.replace(at_32(args_for(tmp_path)), warmup=1, repeats=2)
+    model, seen = r50.build("pipeline", devs[:2], 1, cfg.num_classes, cfg.seed), []
+    step = model.train_step
+    model.train_step = lambda *a: seen.append(model.split_size) or step(*a)
+    runs = r50.train(model, cfg, devs[:2], split_sizes=(1, 2, 4))
+    order = stages.round_robin((1, 2, 4), cfg.warmup, cfg.repeats)
+    assert seen == [s for s in order for _ in range(cfg.num_batches)]
+    assert {s: len(t.times) for s, (t, _) in runs.items()} == {1: 2, 2: 2, 4: 2}
+    assert all(len(losses) == 3 * cfg.num_batches for _, losses in runs.values())
 
 
 def test_one_gpu_runs_pipeline_with_both_stages_on_it(tmp_path, devs):
@@ -247,7 +264,7 @@ def test_one_gpu_runs_pipeline_with_both_stages_on_it(tmp_path, devs):
     so (it measures the per-micro-batch overhead, not overlap)."""
     plan = devices.DevicePlan(1, "gpu", False)
     args = args_for(tmp_path, gpus=1, strategy="pipeline", split_size=2)
-    rec = r50.run_strategy(args, plan, at_32(args), devs[:1], "pipeline", 2)
+    [rec] = r50.run_strategy(args, plan, at_32(args), devs[:1], "pipeline", (2,))
     assert rec.devices == 1 and rec.split_size == 2
     assert rec.extra["stages_share_device"] is True and rec.extra["num_stages"] == 2
 

@@ -2,6 +2,7 @@
 pipelined == one device, main. Numbers are compared under tests/fixtures/numerics.py's rules."""
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 from mxnet import autograd, nd
 
-from common import cli, config, devices, weights
+from common import cli, config, devices, stages, weights
 from mxnet_impl import resnet50 as r50
 from tests.fixtures import make_resnet50_fixture as fixture_gen
 from tests.fixtures import numerics
@@ -252,9 +253,25 @@ def test_main_default_and_sweep_write_records(tmp_path):
     assert all(r["images_per_sec"] > 0 and r["seconds"]["n"] == 1 for r in recs)
     sweep = args_for(tmp_path, sweep=True)
     r50.main(sweep, plan, cli.config_of(sweep))
-    assert [
-        (r["strategy"], r["split_size"], r["extra"]["sweep"]) for r in read(args.results)[3:]
-    ] == [("pipeline", s, True) for s in (1, 2, 4)]
+    sweep = read(args.results)[3:]
+    assert [(r["strategy"], r["split_size"], r["extra"]["sweep"]) for r in sweep] == [
+        ("pipeline", s, True) for s in (1, 2, 4)
+    ]
+    assert all(r["extra"]["round_robin"] and r["seconds"]["n"] == 1 for r in sweep)
+
+
+def test_sweep_takes_the_split_sizes_round_robin(tmp_path):
+    """One model for the whole sweep, its split size changed between repeats: each forward
+    sees the split size of stages.round_robin's order, and each split size has its repeats."""
+    cfg = dataclasses.replace(cli.config_of(args_for(tmp_path)), warmup=1, repeats=2)
+    model, seen = r50.build("pipeline", DEVS, 1, cfg.num_classes), []
+    forward = model.forward
+    model.forward = lambda x: seen.append(model.split_size) or forward(x)
+    runs = r50.train(model, cfg, DEVS, split_sizes=(1, 2, 4))
+    order = stages.round_robin((1, 2, 4), cfg.warmup, cfg.repeats)
+    assert seen == [s for s in order for _ in range(cfg.num_batches)]
+    assert {s: len(t.times) for s, (t, _) in runs.items()} == {1: 2, 2: 2, 4: 2}
+    assert all(len(losses) == 3 * cfg.num_batches for _, losses in runs.values())
 
 
 def test_main_refuses_bad_requests_before_writing(tmp_path):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from common import cli, config, devices, weights
+from common import cli, config, devices, stages, weights
 from tests.fixtures import make_resnet50_fixture as gen
 from tests.fixtures import numerics
 from torch_impl import resnet50 as r50
@@ -234,6 +234,21 @@ def test_main_default_and_sweep_write_records(tmp_path):
     assert [(r["strategy"], r["split_size"], r["extra"]["sweep"]) for r in sweep] == [
         ("pipeline", s, True) for s in (1, 2, 4)
     ]
+    assert all(r["extra"]["round_robin"] and r["seconds"]["n"] == 1 for r in sweep)
+
+
+def test_sweep_takes_the_split_sizes_round_robin(tmp_path):
+    """One model for the whole sweep, its split size changed between repeats: each forward
+    sees the split size of stages.round_robin's order, and each split size has its repeats."""
+    cfg = dataclasses.replace(cli.config_of(args_for(tmp_path)), warmup=1, repeats=2)
+    model, seen = r50.build("pipeline", DEVS, 1, cfg.num_classes), []
+    forward = model.forward
+    model.forward = lambda x: seen.append(model.split_size) or forward(x)
+    runs = r50.train(model, cfg, DEVS, split_sizes=(1, 2, 4))
+    order = stages.round_robin((1, 2, 4), cfg.warmup, cfg.repeats)
+    assert seen == [s for s in order for _ in range(cfg.num_batches)]
+    assert {s: len(t.times) for s, (t, _) in runs.items()} == {1: 2, 2: 2, 4: 2}
+    assert all(len(losses) == 3 * cfg.num_batches for _, losses in runs.values())
 
 
 def test_one_gpu_runs_pipeline_with_both_stages_on_it(tmp_path):
@@ -241,7 +256,7 @@ def test_one_gpu_runs_pipeline_with_both_stages_on_it(tmp_path):
     record says so (it measures the per-micro-batch overhead, not overlap)."""
     plan = devices.DevicePlan(1, "gpu", False)
     args = args_for(tmp_path, gpus=1, strategy="pipeline", split_size=2)
-    rec = r50.run_strategy(args, plan, cli.config_of(args), DEVS[:1], "pipeline", 2)
+    [rec] = r50.run_strategy(args, plan, cli.config_of(args), DEVS[:1], "pipeline", (2,))
     assert rec.devices == 1 and rec.split_size == 2
     assert rec.extra["stages_share_device"] is True and rec.extra["num_stages"] == 2
 
@@ -272,7 +287,8 @@ def _single_losses(cfg, dtype, moved=False):
     model = r50.resnet50().to(dtype)
     if moved:
         r50.set_weights(model, numerics.perturb(r50.get_weights(model)))
-    return r50.train(model, cfg, DEVS[:1], train_bn=False)[1]
+    [(_, losses)] = r50.train(model, cfg, DEVS[:1], train_bn=False).values()
+    return losses
 
 
 @pytest.mark.numerics
