@@ -38,8 +38,9 @@ def test_fragment_shows_both_machines_with_numbers_from_the_records():
         "| torch ddp+bf16 | 0.090 / – | 312 ± 10 s* (n=3) | – | – | 318 ± 12 s* (n=3) | 0.98x |"
         in (cpu)
     )
-    assert "| mxnet | 1.20 ± 0.01 s (n=3) |" in cpu and "1.30 ± 0.03 s (n=3), split 12" in cpu
-    assert "| jax | 14.5% / 35.1% | 6.5% / 11.9% | serial |" in cpu
+    assert "| mxnet | 0.763 ± 0.012 s (n=3) |" in cpu and "0.897 ± 0.023 s (n=3), split 24" in cpu
+    assert "| torch | 7.5% / 23.3% | 3.9% / 7.0% | serial |" in cpu  # the round-robin sweep
+    assert "| jax | 15.6% / 34.4% | 5.0% / 15.6% | serial |" in cpu
     assert "Generated" not in text  # nothing that changes from one run to the next
 
 
