@@ -154,19 +154,10 @@ def test_two_nodes_on_localhost_match_one_node(tmp_path, smoke_ddp):
     assert rec["test_acc"] == one["test_acc"]
 
 
-def _processes_of(marker: str, modules=(b"torch.distributed.run", b"torch_impl.resnet18")):
-    """Pids of the torchruns and workers (`python [-u] -m MODULE`, MODULE in `modules`) whose
-    command line holds `marker` (the results path); the launchers are not counted."""
-    found = []
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            cmd = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue  # gone, or not ours to read
-        module = cmd[cmd.index(b"-m") + 1] if b"-m" in cmd else None  # workers: python -u -m
-        if module in modules and marker.encode() in cmd:
-            found.append(int(proc.name))
-    return found
+def _processes_of(marker: str, modules=(b"torch_impl.torchrun", b"torch_impl.resnet18")):
+    """The torchruns and workers of the run whose results path is `marker` (not the
+    launchers)."""
+    return interrupt.processes_of(marker, modules)
 
 
 @pytest.mark.slow
