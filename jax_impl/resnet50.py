@@ -332,11 +332,9 @@ def measure_stages(model, cfg, repeats=3):
 
         seconds.append(timing.benchmark(step, lambda: jdev.sync(box), repeats).stats().median)
         params.append(sum(leaf.size for leaf in jax.tree.leaves(p)))
-        stats = device.memory_stats()
-        if stats and "peak_bytes_in_use" in stats:
-            memory.append(stats["peak_bytes_in_use"])
-        else:
-            memory.append(sum(2 * leaf.nbytes for leaf in jax.tree.leaves(p)))
+        stats = device.memory_stats() or {}  # a peak is never 0 bytes: 0 is "not known"
+        peak = stats.get("peak_bytes_in_use", 0)
+        memory.append(peak or sum(2 * leaf.nbytes for leaf in jax.tree.leaves(p)))
         x = forward(module, p, st, x, model.train_bn)
     source = "memory_stats.peak_bytes_in_use" if stats else "param_grad_bytes"
     return {
@@ -351,18 +349,16 @@ def measure_stages(model, cfg, repeats=3):
 
 def train(model, cfg, devices, train_bn=True, split_sizes=(None,)):
     """The tutorial's loop: MSE on one-hot labels, SGD, `num_batches` steps per timed repeat,
-    `warmup` repeats apart (they compile). Several `split_sizes` (the sweep): the pipeline's
-    split size changes between repeats, taken round-robin (stages.round_robin). train_bn=False:
-    BatchNorm uses its running statistics, so cutting the batch into micro-batches changes
-    nothing (tests). Returns a Timer and every loss per split size."""
+    `warmup` repeats apart (they compile); several `split_sizes` (the sweep) taken round-robin
+    (stages.round_robin). train_bn=False: BatchNorm uses its running statistics, so
+    micro-batches change nothing (tests). Returns a Timer and every loss per split size."""
     model.train_bn = train_bn
     inputs, labels = make_data(cfg, devices)
     losses = {s: [] for s in split_sizes}
     sync = lambda: jdev.sync((model.params, model.stats, losses))  # noqa: E731
     timers = {s: timing.Timer(sync, cfg.warmup) for s in split_sizes}
     for split_size in stages.round_robin(split_sizes, cfg.warmup, cfg.repeats):
-        if split_size is not None:
-            model.split_size = split_size
+        model.split_size = split_size  # None: the whole batch (single, model_parallel)
         with timers[split_size].region():
             for b in range(cfg.num_batches):
                 losses[split_size].append(model.train_step(inputs[b], labels[b], cfg.lr))

@@ -207,10 +207,9 @@ def use_running_stats(model, on):
 
 def train(model, cfg, devices, train_bn=True, split_sizes=(None,)):
     """The tutorial's loop: MSE on one-hot labels, SGD, `num_batches` steps per timed repeat,
-    `warmup` repeats apart. Several `split_sizes` (the sweep): the pipeline's split size changes
-    between repeats, taken round-robin (stages.round_robin). train_bn=False: BatchNorm uses its
-    running statistics, so cutting the batch into micro-batches changes nothing (tests).
-    Returns a Timer and every loss per split size."""
+    `warmup` repeats apart; several `split_sizes` (the sweep) taken round-robin
+    (stages.round_robin). train_bn=False: BatchNorm uses its running statistics, so
+    micro-batches change nothing (tests). Returns a Timer and every loss per split size."""
     # a Trainer needs all its parameters on one set of contexts: one per stage
     use_running_stats(model, not train_bn)
     groups = [s.collect_params() for s in getattr(model, "stages", [model])]
@@ -219,8 +218,7 @@ def train(model, cfg, devices, train_bn=True, split_sizes=(None,)):
     timers = {s: timing.Timer(mdev.sync, cfg.warmup) for s in split_sizes}
     losses = {s: [] for s in split_sizes}
     for split_size in stages.round_robin(split_sizes, cfg.warmup, cfg.repeats):
-        if split_size is not None:
-            model.split_size = split_size
+        model.split_size = split_size  # None: the whole batch (single, model_parallel)
         with timers[split_size].region():
             for b in range(cfg.num_batches):
                 with autograd.record():

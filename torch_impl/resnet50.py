@@ -182,10 +182,9 @@ def measure_stages(model, cfg, repeats=3):
 
 def train(model, cfg, devices, train_bn=True, split_sizes=(None,)):
     """The tutorial's loop: MSE on one-hot labels, SGD, `num_batches` steps per timed repeat,
-    `warmup` repeats apart. Several `split_sizes` (the sweep): the pipeline's split size changes
-    between repeats, taken round-robin (stages.round_robin). train_bn=False: BatchNorm uses its
-    running statistics, so cutting the batch into micro-batches changes nothing (tests).
-    Returns a Timer and every loss per split size."""
+    `warmup` repeats apart; several `split_sizes` (the sweep) taken round-robin
+    (stages.round_robin). train_bn=False: BatchNorm uses its running statistics, so
+    micro-batches change nothing (tests). Returns a Timer and every loss per split size."""
     model.train(train_bn)
     loss_fn = nn.MSELoss()
     optimizer = optim.SGD(model.parameters(), lr=cfg.lr)
@@ -193,8 +192,7 @@ def train(model, cfg, devices, train_bn=True, split_sizes=(None,)):
     timers = {s: timing.Timer(lambda: tdev.sync(devices), cfg.warmup) for s in split_sizes}
     losses = {s: [] for s in split_sizes}
     for split_size in stages.round_robin(split_sizes, cfg.warmup, cfg.repeats):
-        if split_size is not None:
-            model.split_size = split_size
+        model.split_size = split_size  # None: the whole batch (single, model_parallel)
         with timers[split_size].region():
             for b in range(cfg.num_batches):
                 optimizer.zero_grad()
