@@ -27,15 +27,15 @@ def test_fragment_shows_both_machines_with_numbers_from_the_records():
     assert "| torch scratch | 0.835 | 0.517 ± 0.026 s (n=10) |" in gpu
     assert "| jax sharding | 0.918 | 1.61 ± 0.00 s (n=10) | 92% |" in gpu  # NVML utilisation
     assert "| torch | 0.0744 ± 0.0016 s (n=10) |" in gpu
-    # 29.08 / 12.70 = 2.29; the newest records of each cell, not the superseded ones; the
-    # ceiling of the same framework and precision beside the 1-device time (25.58 s: 1.14x)
+    # 24.2 / 11.7 = 2.07; the newest records of each cell, not the superseded ones; the
+    # ceiling of the same framework and precision beside the 1-device time (24.5 s: 0.99x)
     assert (
-        "| jax scratch | 0.823 / 0.825 | 29.1 ± 1.3 s (n=10) | 12.7 ± 0.7 s (n=10) | 2.29x "
-        "| 25.6 ± 0.5 s* (n=3) | 1.14x |" in cpu
+        "| jax scratch | 0.823 / 0.825 | 24.2 ± 0.5 s (n=10) | 11.7 ± 0.4 s (n=10) | 2.07x "
+        "| 24.5 ± 0.3 s* (n=3) | 0.99x |" in cpu
     )
-    assert "| torch ddp | 0.106 / 0.098 | 657 ± 13 s* (n=3) | 619 ± 42 s* (n=3) | 1.06x* |" in cpu
+    assert "| torch ddp | 0.106 / 0.098 | 569 ± 96 s* (n=3) | 531 ± 23 s* (n=3) | 1.07x* |" in cpu
     assert (
-        "| torch ddp+bf16 | 0.090 / – | 312 ± 10 s* (n=3) | – | – | 318 ± 12 s* (n=3) | 0.98x |"
+        "| torch ddp+bf16 | 0.090 / – | 312 ± 25 s* (n=3) | – | – | 297 ± 15 s* (n=3) | 1.05x |"
         in (cpu)
     )
     assert "| mxnet | 0.763 ± 0.012 s (n=3) |" in cpu and "0.897 ± 0.023 s (n=3), split 24" in cpu
