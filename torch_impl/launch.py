@@ -118,12 +118,8 @@ def torchrun(module: str, argv: list[str], nproc: int, what: str, nodes: Nodes |
     cmd += nodes.torchrun_options() if nodes else ["--standalone"]
     cmd += [f"--nproc-per-node={nproc}", "--monitor-interval=0.5", "-m", module, *argv]
     with tempfile.TemporaryDirectory() as tmp:
-        for name, file in (
-            (ERROR_FILE_ENV, "error"),
-            (READY_FILE_ENV, "ready"),
-            (PIDS_FILE_ENV, "pids"),
-        ):
-            env[name] = str(Path(tmp) / file)
+        for name in (ERROR_FILE_ENV, READY_FILE_ENV, PIDS_FILE_ENV):
+            env[name] = str(Path(tmp) / name.lower())
         rc = _run(cmd, env, nodes)
         if rc == 0:
             return

@@ -59,16 +59,8 @@ def free_port() -> int:
 
 
 def start(cmd: list[str]) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # two "nodes" share 2 cores
-    return subprocess.Popen(
-        cmd,
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=interrupt.default_sigint,  # as at a terminal: see interrupt.py
-    )
+    """One "node": its command as a terminal starts it (interrupt.py); two share 2 cores."""
+    return interrupt.start(cmd, {"OMP_NUM_THREADS": "1"})
 
 
 def ends_in_one_line(proc: subprocess.Popen, timeout: float) -> tuple[str, float]:
