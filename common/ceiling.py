@@ -74,10 +74,7 @@ def check(framework: str, args: argparse.Namespace):
         args.preset = config.default_preset(plan.platform == "gpu")
     cfg = config.get_config(args.workload, args.preset)
     cli.check_compile(framework, args, plan.count)
-    if args.amp == "bf16" and args.workload == "lenet":
-        raise config.ConfigError("lenet runs in float32 only, like the book; drop --amp")
-    if args.amp == "bf16" and framework == "mxnet":
-        raise config.ConfigError("--amp bf16 is not supported by the MXNet implementation")
+    cli.check_amp(framework, args, plan.platform)
     config.check_epoch_split(data.train_size(cfg.train_subset), cfg.batch_size, 1)
     results.check_writable(args.results)  # before the measurement, not after
     return plan, cfg

@@ -139,6 +139,18 @@ def check_compile(framework: str, args: argparse.Namespace, n_devices: int) -> N
         raise config.ConfigError("--compile with dataparallel runs on 1 GPU; use --strategy ddp")
 
 
+def check_amp(framework: str, args: argparse.Namespace, platform: str) -> None:
+    """--amp bf16 where a bf16 path exists, else one line (resnet50's is in stages)."""
+    if getattr(args, "amp", "off") == "off":
+        return
+    if args.workload == "lenet":
+        raise config.ConfigError("lenet runs in float32 only, like the book; drop --amp")
+    if framework == "mxnet" and platform == "gpu":
+        raise config.ConfigError(
+            "MXNet 1.9's bf16 kernels are oneDNN's, for the CPU: on a GPU use --amp off"
+        )
+
+
 NODE_OPTIONS = ("--nnodes", "--node-rank", "--rdzv-endpoint", "--rdzv-timeout")
 NODES_SCOPE = "--nnodes, --node-rank and --rdzv-* apply to torch resnet18 ddp"
 
@@ -201,6 +213,7 @@ def run(
             args.preset = config.default_preset(plan.platform == "gpu")
         cfg = config_of(args)  # bad settings fail before a framework is imported
         check_compile(framework, args, plan.count)
+        check_amp(framework, args, plan.platform)
         check_nodes(framework, args)
         results.check_writable(args.results)  # before hours of training, not after
         if before_import is not None:

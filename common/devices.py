@@ -73,6 +73,21 @@ def _proc_gpu_name(d: Path) -> str:
     return "NVIDIA GPU"
 
 
+def cpu_has_avx512() -> bool:
+    """Whether the CPU has AVX-512 (oneDNN's avx512_core: what MXNet's bf16 kernels need) and
+    DNNL_MAX_CPU_ISA does not cap it below; read from /proc/cpuinfo (elsewhere: False)."""
+    cap = os.environ.get("DNNL_MAX_CPU_ISA", "").upper()
+    if cap and not cap.startswith(("ALL", "AVX512", "AVX10", "AMX")):
+        return False
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines()
+                  if line.startswith("flags")), [])  # fmt: skip
+    return {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= set(flags)
+
+
 def plan(gpus: int, platform: str = "auto", accelerators: int | None = None) -> DevicePlan:
     """Resolve a request for `gpus` devices; never silently fall back from GPU to CPU."""
     if platform not in PLATFORMS:

@@ -37,11 +37,17 @@ class Run:
     frameworks: tuple[str, ...]
     strategy: str | None  # None: the framework's default
     flags: tuple[str, ...] = ()
-    needs: str | None = None  # "cuda": platform gpu only; "1gpu": only with exactly one GPU
+    # "cuda": platform gpu only; "1gpu": only with exactly one GPU; "avx512": an AVX-512 CPU
+    needs: str | None = None
     why: str = ""
 
 
 # The run list. On a machine with fewer accelerators than `gpus`, a row is skipped with a reason.
+# Each framework's plain path (float32; torch eager) runs on 1 and 2 devices; beside it on one
+# device, its faster paths, labelled in the report: bf16 in all three and torch compiled.
+BF16, COMPILED = ("--amp", "bf16"), ("--compile",)
+DP_CUDA = "nn.DataParallel without CUDA silently runs the plain module"
+MX_BF16 = "MXNet's bf16 kernels are oneDNN's, for CPUs with AVX-512"
 # fmt: off
 RUNS: tuple[Run, ...] = (
     #   workload    gpus  frameworks   strategy        flags        needs
@@ -49,25 +55,34 @@ RUNS: tuple[Run, ...] = (
     Run("lenet",    2,    ALL,         None),
     Run("resnet18", 1,    ("torch",),  "ddp"),
     Run("resnet18", 2,    ("torch",),  "ddp"),
-    Run("resnet18", 1,    ("torch",),  "dataparallel", (),          "cuda",
-        "nn.DataParallel without CUDA silently runs the plain module"),
-    Run("resnet18", 2,    ("torch",),  "dataparallel", (),          "cuda",
-        "nn.DataParallel without CUDA silently runs the plain module"),
+    Run("resnet18", 1,    ("torch",),  "ddp",          BF16),
+    Run("resnet18", 1,    ("torch",),  "ddp",          COMPILED),
+    Run("resnet18", 1,    ("torch",),  "ddp",          COMPILED + BF16),
+    Run("resnet18", 1,    ("torch",),  "dataparallel", (),          "cuda",   DP_CUDA),
+    Run("resnet18", 2,    ("torch",),  "dataparallel", (),          "cuda",   DP_CUDA),
+    Run("resnet18", 1,    ("torch",),  "dataparallel", COMPILED,    "cuda",   DP_CUDA),
     Run("resnet18", 1,    ("jax",),    "sharding"),
     Run("resnet18", 2,    ("jax",),    "sharding"),
+    Run("resnet18", 1,    ("jax",),    "sharding",     BF16),
     Run("resnet18", 1,    ("jax",),    "pmap"),
     Run("resnet18", 2,    ("jax",),    "pmap"),
     Run("resnet18", 1,    ("mxnet",),  "gluon"),
     Run("resnet18", 2,    ("mxnet",),  "gluon"),
+    Run("resnet18", 1,    ("mxnet",),  "gluon",        BF16,        "avx512", MX_BF16),
     Run("resnet50", 2,    ALL,         None),          # single, model_parallel, pipeline
     Run("resnet50", 2,    ALL,         None,           ("--sweep",)),  # split_size sweep
     Run("resnet50", 2,    ("torch",),  "gpipe"),
     Run("resnet50", 2,    ("torch",),  "1f1b"),
     Run("resnet50", 1,    ALL,         None,           (),          "1gpu",
         "the 2-device runs cannot run: at least the single-device time"),
-    # the framework's own tight-loop step on one device, for the report's x ceiling
-    Run("lenet",    1,    ALL,         "ceiling"),
-    Run("resnet18", 1,    ALL,         "ceiling"),
+    # the framework's own tight-loop step on one device, for the report's x ceiling: one per
+    # precision and compiled tier of the training runs above
+    Run("lenet",    1,    ALL,         CEILING),
+    Run("resnet18", 1,    ALL,         CEILING),
+    Run("resnet18", 1,    ("torch", "jax"), CEILING,   BF16),
+    Run("resnet18", 1,    ("torch",),  CEILING,        COMPILED),
+    Run("resnet18", 1,    ("torch",),  CEILING,        COMPILED + BF16),
+    Run("resnet18", 1,    ("mxnet",),  CEILING,        BF16,        "avx512", MX_BF16),
 )
 # fmt: on
 
@@ -113,9 +128,15 @@ class Plan:
 
 
 def make_plan(
-    frameworks, workloads, platform: str, accelerators: int, preset: str | None = None
+    frameworks,
+    workloads,
+    platform: str,
+    accelerators: int,
+    preset: str | None = None,
+    avx512: bool = False,
 ) -> Plan:
-    """The runs for this machine: a pure function of the request and the accelerator count."""
+    """The runs for this machine: a pure function of the request, the accelerator count and
+    whether the CPU has AVX-512 (devices.cpu_has_avx512)."""
     for fw in frameworks:
         if fw not in ALL:
             raise PlanError(f"unknown framework {fw!r}; choose from {', '.join(ALL)}")
@@ -145,6 +166,8 @@ def make_plan(
                     continue  # a stand-in for the 2-device runs, where those cannot run
                 if run.needs == "cuda" and resolved != "gpu":
                     skipped.append((step, f"needs CUDA: {run.why}"))
+                elif run.needs == "avx512" and (resolved == "gpu" or not avx512):
+                    skipped.append((step, f"needs an AVX-512 CPU: {run.why}"))
                 elif resolved == "gpu" and run.gpus > accelerators:
                     skipped.append(
                         (step, f"needs {run.gpus} GPUs; this machine has {accelerators}")
@@ -326,7 +349,7 @@ def main(argv: list[str] | None = None, runner=stream, echo=print) -> int:
     try:
         plan = make_plan(
             args.frameworks, args.workloads, args.platform, devices.count_accelerators(),
-            args.preset,
+            args.preset, devices.cpu_has_avx512(),
         )  # fmt: skip
     except PlanError as e:
         print(f"error: {e}", file=sys.stderr)

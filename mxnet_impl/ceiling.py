@@ -33,8 +33,10 @@ def lenet_step(cfg, x, y):
 
 def resnet18_step(cfg, x, y, amp, compiled):
     """ResNet-18 as its training builds it, hybridized, with its Trainer (one context: no
-    kvstore) and resnet18.train_step itself. `amp`, `compiled`: refused before (bf16 has no
-    Gluon path here; Gluon compiles by hybridize)."""
+    kvstore) and resnet18.train_step itself; `amp`: bf16 as in training (resnet18.use_bf16).
+    `compiled`: refused before (Gluon compiles by hybridize)."""
+    if amp:
+        resnet18.use_bf16()
     net = resnet18.resnet18()
     resnet18.init_weights(net, cfg.init_std, cfg.seed, [x.context])
     net.hybridize()

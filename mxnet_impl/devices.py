@@ -1,5 +1,8 @@
 """A DevicePlan as MXNet contexts, the barrier for the timer, and versions for the record."""
 
+import contextlib
+import os
+
 import mxnet as mx
 
 from common import devices
@@ -28,3 +31,29 @@ def device_names(devs: list[mx.Context]) -> list[str]:
 
 def versions() -> dict[str, str]:
     return {"mxnet": mx.__version__}
+
+
+def has_bf16() -> bool:
+    """Whether MXNet's oneDNN runs a bf16 convolution here: on AVX-512 CPUs it does (with bf16
+    instructions or emulated), on AVX2 ones (or DNNL_MAX_CPU_ISA=AVX2) it raises an error."""
+    from mxnet.contrib.amp.amp import bfloat16
+
+    one = mx.nd.amp_cast(mx.nd.ones((1, 1, 1, 1)), dtype=bfloat16)
+    with _quiet_stderr():  # MXNet logs the failed oneDNN attempt before raising or falling back
+        try:
+            mx.nd.Convolution(one, one, kernel=(1, 1), num_filter=1, no_bias=True).wait_to_read()
+        except mx.base.MXNetError:
+            return False
+    return True
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)

@@ -142,8 +142,6 @@ def train(cfg, devices, train_data, test_data, no_progress=False):
 
 def main(args, plan, cfg) -> None:
     training.choose_strategy("lenet", FRAMEWORK, args.strategy, (STRATEGY,))
-    if args.amp != "off":
-        raise config.ConfigError("lenet runs in float32 only, like the book; drop --amp")
     # Every batch is split evenly over the devices, the epoch's last (partial) one included.
     n_train = data.train_size(cfg.train_subset)
     config.check_epoch_split(n_train, cfg.batch_size, plan.count)

@@ -12,8 +12,7 @@ also says how to run them on several); `--gpus N` counts the contexts of all wor
 
 BatchNorm statistics are per context, as in d2l: each copy normalises its own part of the batch
 and keeps its own running averages (JAX in this project uses the global batch instead).
-bf16 (`--amp bf16`) is not supported: the MXNet 1.9.1 wheel is CPU-only and has no bf16 training
-path for Gluon models.
+bf16 (`--amp bf16`) is MXNet's AMP (`use_bf16`), on the CPU: MXNet 1.9's bf16 kernels are oneDNN's.
 """
 
 from __future__ import annotations
@@ -55,12 +54,12 @@ class Residual(nn.HybridBlock):
 
     def hybrid_forward(self, F, x):
         y = self.conv1(x)
-        y = F.relu(self.bn1(y) if self.bn1 is not None else y)
+        y = F.Activation(self.bn1(y) if self.bn1 is not None else y, act_type="relu")
         y = self.conv2(y)
         y = self.bn2(y) if self.bn2 is not None else y
         if self.shortcut is not None:
             x = self.shortcut(x)
-        return F.relu(y + x)
+        return F.Activation(y + x, act_type="relu")
 
 
 def resnet18(num_classes=NUM_CLASSES, in_channels=1, width=64, use_bn=True):
@@ -110,6 +109,22 @@ def get_weights(net):
 def set_weights(net, params):
     mweights.set_weights(net, params)  # every context's copy
     return net
+
+
+def use_bf16():
+    """bf16 the MXNet way: AMP makes every Convolution and FullyConnected built after this call
+    run in bf16 (oneDNN's kernels; BatchNorm, ReLU and pooling follow their input), parameters,
+    gradients and loss staying float32 (no loss scaling: bf16 has float32's exponent range).
+    It patches MXNet's operators for the whole process, for good: main calls it once, before
+    the network is built."""
+    from mxnet.contrib import amp
+
+    if not mdev.has_bf16():
+        raise config.ConfigError(
+            "MXNet's bf16 needs an AVX-512 CPU (its oneDNN has no bf16 kernels for this one); "
+            "use --amp off"
+        )
+    amp.init(target_dtype="bfloat16")
 
 
 def init_weights(net, std, seed, ctx=None):
@@ -280,11 +295,6 @@ def main(args, plan, cfg):
     """Check everything, then train here (`gluon`, or one `dist` worker: DMLC_ROLE=worker), or
     start the dist_sync scheduler, servers and workers on this machine (launch.py)."""
     strategy = training.choose_strategy("resnet18", FRAMEWORK, args.strategy, STRATEGIES)
-    if args.amp == "bf16":
-        raise config.ConfigError(
-            "--amp bf16 is not supported by the MXNet implementation (CPU-only MXNet 1.9.1 wheel "
-            "has no bf16 Gluon training); use --amp off"
-        )
     # d2l 13.6: N devices train with N times the batch and the lr (2 devices: 512 and 0.2).
     cfg = config.for_devices(cfg, plan.count)
     if cfg.image_size != 28:
@@ -297,6 +307,8 @@ def main(args, plan, cfg):
         launch.dist_sync(cmd, plan.count, "MXNet dist_sync training")
         return
     kv, ctxs = _join(plan) if strategy == "dist" else (None, mdev.get_devices(plan))
+    if args.amp == "bf16":
+        use_bf16()
     ds = data.load_subsets(cfg.train_subset, cfg.test_subset, cfg.seed)
     with utilization.sampler_for(plan.platform, len(ctxs)) as sampler:
         log, timer = train(resnet18(), cfg, ds, ctxs, strategy, sampler, args.no_progress, kv)
@@ -353,7 +365,8 @@ def _dist_fields(kv):
 def _worker_argv(args):
     """The command line that reproduces `args` for a worker."""
     argv = ["--workload", args.workload, "--gpus", str(args.gpus), "--platform", args.platform]
-    argv += ["--preset", args.preset, "--strategy", "dist", "--results", str(args.results)]
+    argv += ["--preset", args.preset, "--strategy", "dist", "--amp", args.amp]
+    argv += ["--results", str(args.results)]
     for flag, value in (("--epochs", args.epochs), ("--batch-size", args.batch_size)):
         if value is not None:
             argv += [flag, str(value)]

@@ -23,7 +23,7 @@ def refuse(*args, **kwargs):
         ("mxnet", ["--workload", "resnet18", "--compile"], "--compile is for torch"),
         ("torch", ["--workload", "lenet", "--compile"], "--compile applies to torch resnet18"),
         ("torch", ["--workload", "lenet", "--amp", "bf16"], "lenet runs in float32 only"),
-        ("mxnet", ["--workload", "resnet18", "--amp", "bf16"], "--amp bf16 is not supported"),
+        ("mxnet", ["--workload", "lenet", "--amp", "bf16"], "lenet runs in float32 only"),
         ("torch", ["--workload", "lenet", "--steps", "0"], "--steps must be at least 1, got 0"),
         ("jax", ["--workload", "lenet", "--platform", "gpu"], "no CUDA GPU"),
     ],

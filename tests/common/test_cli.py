@@ -1,10 +1,11 @@
 """common.cli in process; the bad inputs a user types are in tests/fixtures/bad_inputs.py."""
 
+import argparse
 import importlib
 
 import pytest
 
-from common import cli
+from common import cli, config
 
 
 def test_bad_setting_fails_before_the_framework_is_imported(monkeypatch, capsys):
@@ -21,6 +22,24 @@ def test_bad_setting_fails_before_the_framework_is_imported(monkeypatch, capsys)
     ]
     assert cli.run("torch", argv) == 2
     assert "split_size must be between 1 and the batch size 4" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("framework", "workload", "platform", "message"),
+    [
+        ("jax", "lenet", "cpu", "lenet runs in float32 only"),
+        ("mxnet", "resnet18", "gpu", "on a GPU use --amp off"),
+        ("mxnet", "resnet18", "cpu", None),
+        ("torch", "resnet18", "gpu", None),
+    ],
+)
+def test_bf16_where_a_bf16_path_exists(framework, workload, platform, message):
+    args = argparse.Namespace(workload=workload, amp="bf16")
+    if message is None:
+        cli.check_amp(framework, args, platform)
+    else:
+        with pytest.raises(config.ConfigError, match=message):
+            cli.check_amp(framework, args, platform)
 
 
 def test_missing_workload_module_says_not_implemented(monkeypatch, capsys):

@@ -27,7 +27,9 @@ EXTRAS = {
         # flax needs a Module class where torch and Gluon compose a Sequential; BatchNorm's
         # settings in one place; jax.distributed joins the processes before any backend starts
         "jax": {"batch_norm", "ResNet18", "distributed_init"},
-        "mxnet": set(),
+        # MXNet's bf16 is AMP, switched on for the whole process before the network is built
+        # (torch's is an autocast context in train_step, JAX's the model's dtype)
+        "mxnet": {"use_bf16"},
     },
     "resnet50": {
         # torch's own pipelining engine (gpipe, 1f1b): one process per stage

@@ -19,24 +19,37 @@ def described(steps):
     return [(s.framework, s.workload, s.gpus, s.strategy, s.flags) for s in steps]
 
 
+BF16, COMPILED = ("--amp", "bf16"), ("--compile",)
+
+
 def test_plan_on_a_cpu_machine():
-    plan = run.make_plan(run.ALL, WORKLOADS, "auto", accelerators=0)
+    plan = run.make_plan(run.ALL, WORKLOADS, "auto", accelerators=0, avx512=True)
     assert (plan.platform, plan.preset) == ("cpu", "cpu")
     steps = described(plan.steps)
-    assert len(steps) == 28
+    assert len(steps) == 38
     assert steps[:2] == [("torch", "lenet", 1, None, ()), ("torch", "lenet", 2, None, ())]
     assert [s for s in steps if s[1] == "resnet18"] == [
         ("torch", "resnet18", 1, "ddp", ()),
         ("torch", "resnet18", 2, "ddp", ()),
+        ("torch", "resnet18", 1, "ddp", BF16),  # the faster paths, on one device
+        ("torch", "resnet18", 1, "ddp", COMPILED),
+        ("torch", "resnet18", 1, "ddp", COMPILED + BF16),
         ("torch", "resnet18", 1, "ceiling", ()),  # right after its training runs
+        ("torch", "resnet18", 1, "ceiling", BF16),  # one per precision and compiled tier
+        ("torch", "resnet18", 1, "ceiling", COMPILED),
+        ("torch", "resnet18", 1, "ceiling", COMPILED + BF16),
         ("jax", "resnet18", 1, "sharding", ()),
         ("jax", "resnet18", 2, "sharding", ()),
+        ("jax", "resnet18", 1, "sharding", BF16),
         ("jax", "resnet18", 1, "pmap", ()),
         ("jax", "resnet18", 2, "pmap", ()),
         ("jax", "resnet18", 1, "ceiling", ()),
+        ("jax", "resnet18", 1, "ceiling", BF16),
         ("mxnet", "resnet18", 1, "gluon", ()),
         ("mxnet", "resnet18", 2, "gluon", ()),
+        ("mxnet", "resnet18", 1, "gluon", BF16),
         ("mxnet", "resnet18", 1, "ceiling", ()),
+        ("mxnet", "resnet18", 1, "ceiling", BF16),
     ]
     assert [s for s in steps if s[0] == "torch" and s[1] == "resnet50"] == [
         ("torch", "resnet50", 2, None, ()),
@@ -48,26 +61,40 @@ def test_plan_on_a_cpu_machine():
         ("mxnet", "resnet50", 2, None, ()),
         ("mxnet", "resnet50", 2, None, ("--sweep",)),
     ]
-    skipped = [(s.strategy, s.gpus, why) for s, why in plan.skipped]
-    assert [x[:2] for x in skipped] == [("dataparallel", 1), ("dataparallel", 2)]
+    skipped = [(s.strategy, s.gpus, s.flags, why) for s, why in plan.skipped]
+    assert [x[:3] for x in skipped] == [
+        ("dataparallel", 1, ()), ("dataparallel", 2, ()), ("dataparallel", 1, COMPILED),
+    ]  # fmt: skip
     assert all("needs CUDA" in why for *_, why in skipped)
 
 
+def test_mxnet_bf16_runs_need_an_avx512_cpu():
+    plan = run.make_plan(["mxnet"], ["resnet18"], "cpu", accelerators=0, avx512=False)
+    assert BF16 not in [s.flags for s in plan.steps] and len(plan.steps) == 3
+    assert [(s.strategy, s.flags) for s, _ in plan.skipped] == [("gluon", BF16), ("ceiling", BF16)]
+    assert all(why.startswith("needs an AVX-512 CPU") for _, why in plan.skipped)
+
+
 def test_plan_on_a_two_gpu_machine():
-    plan = run.make_plan(run.ALL, WORKLOADS, "auto", accelerators=2)
+    plan = run.make_plan(run.ALL, WORKLOADS, "auto", accelerators=2, avx512=True)
     assert (plan.platform, plan.preset) == ("gpu", "full")
-    assert len(plan.steps) == 30 and plan.skipped == ()
+    assert len(plan.steps) == 39
     assert ("torch", "resnet18", 2, "dataparallel", ()) in described(plan.steps)
+    assert ("torch", "resnet18", 1, "dataparallel", COMPILED) in described(plan.steps)
+    # MXNet's bf16 is for CPUs: its two runs are the only ones left out
+    assert [(s.framework, s.flags) for s, _ in plan.skipped] == [("mxnet", BF16)] * 2
 
 
 def test_plan_on_a_one_gpu_machine_skips_two_device_runs_with_a_reason():
     plan = run.make_plan(run.ALL, WORKLOADS, "auto", accelerators=1)
     assert all(s.gpus == 1 for s in plan.steps)
-    # lenet x3, torch ddp + dataparallel, jax x2, mxnet, resnet50 (single) x3, ceilings x6
-    assert len(plan.steps) == 3 + 2 + 2 + 1 + 3 + 6
+    # lenet x3; resnet18: torch ddp x4 + dataparallel x2, jax x3, mxnet x1; resnet50 (single)
+    # x3; ceilings: lenet x3, resnet18 x3 plain + torch x3 + jax x1
+    assert len(plan.steps) == 3 + 6 + 3 + 1 + 3 + 6 + 4
     assert ("mxnet", "resnet50", 1, None, ()) in described(plan.steps)
-    assert len(plan.skipped) == 24 - 8
-    assert all(why == "needs 2 GPUs; this machine has 1" for _, why in plan.skipped)
+    two = [why for s, why in plan.skipped if s.gpus == 2]
+    assert len(two) == 24 - 8
+    assert all(why == "needs 2 GPUs; this machine has 1" for why in two)
 
 
 def test_plan_forced_cpu_and_preset():
@@ -140,7 +167,7 @@ for name in ("--workload", "--platform", "--preset", "--strategy", "--results"):
     p.add_argument(name)
 p.add_argument("--gpus", default="1")
 p.add_argument("--no-progress", action="store_true")
-args = p.parse_args(sys.argv[3:])
+args = p.parse_known_args(sys.argv[3:])[0]  # --amp, --compile, --sweep: not needed here
 print(f"fake {framework} {args.workload} on {args.gpus}", flush=True)
 if args.workload == "resnet18":
     print("Traceback: something broke", file=sys.stderr)
@@ -155,6 +182,12 @@ results.append(results.Record(
     extrapolated=bool(ceiling), extra={"s_per_step": t / 4, "repeats": 1} if ceiling else {},
 ), args.results)
 """
+
+
+@pytest.fixture(autouse=True)
+def avx512_cpu(monkeypatch):
+    """The plan of run.main on a CPU with AVX-512 (MXNet's bf16 runs), on every machine."""
+    monkeypatch.setattr(run.devices, "cpu_has_avx512", lambda: True)
 
 
 def test_a_failing_run_does_not_stop_the_others(tmp_path):
@@ -173,11 +206,11 @@ def test_a_failing_run_does_not_stop_the_others(tmp_path):
         runner=runner, echo=lines.append,
     )  # fmt: skip
     assert code == 1
-    assert len(calls) == 28  # every step ran
+    assert len(calls) == 38  # every step ran
     text = "\n".join(lines)
-    assert "17 of 28 run(s) ok, 11 failed, 0 not run, 2 skipped on this machine" in text
+    assert "17 of 38 run(s) ok, 21 failed, 0 not run, 3 skipped on this machine" in text
     assert "FAILED (exit 1)" in text and "ValueError: broken" in text
-    assert "[28/28] ok in" in text
+    assert "[38/38] ok in" in text
 
 
 def test_end_to_end_with_fake_environments(tmp_path, capsys):
@@ -194,7 +227,7 @@ def test_end_to_end_with_fake_environments(tmp_path, capsys):
     assert "    | fake jax lenet on 2" in text  # the child's output, streamed
     assert "boom in torch resnet18" in text.split("== summary")[1]  # stderr tail in the summary
     assert re.search(r"NOT RUN  mxnet lenet .*: no environment .*make setup FRAMEWORK=mxnet", text)
-    assert "6 of 20 run(s) ok, 8 failed, 6 not run, 2 skipped on this machine" in text
+    assert "6 of 30 run(s) ok, 16 failed, 8 not run, 3 skipped on this machine" in text
     md = (out / "report.md").read_text()
     assert "| torch | scratch | cpu (virtual) | smoke | 0.800 | 4.00 ± 0.00 s (n=1) |" in md
     assert "| 2.00x | 100% |" in md

@@ -2,6 +2,8 @@
 
 import dataclasses
 import json
+import subprocess
+import sys
 from argparse import Namespace
 from pathlib import Path
 
@@ -11,6 +13,7 @@ import pytest
 from mxnet import autograd, nd
 
 from common import cli, config, data, devices
+from mxnet_impl import devices as mdev
 from mxnet_impl import resnet18 as r18
 from mxnet_impl import weights as mweights
 from tests.fixtures import make_resnet18_parity as parity
@@ -167,10 +170,47 @@ def _args(**kw):
     return Namespace(**{**base, **kw})
 
 
-def test_bf16_and_unknown_strategy_are_config_errors():
+# AMP patches MXNet's operators for the whole process (r18.use_bf16): a process of its own.
+BF16_STEPS = """
+import json, sys
+import numpy as np
+from mxnet import nd
+from mxnet_impl import resnet18 as r18
+if sys.argv[1] == "bf16":
+    r18.use_bf16()
+net = r18.init_weights(r18.resnet18(width=8), 0.1, 0)
+net.hybridize()
+trainer = r18.make_optimizer(net, 0.05)
+x = nd.array(np.random.default_rng(0).random((4, 1, 8, 8), dtype=np.float32))
+y = nd.array(np.arange(4), dtype="int32")
+losses = [r18.train_step(net, trainer, [x], [y])[0] for _ in range(5)]
+dtypes = {np.dtype(p.data().dtype).name for p in net.collect_params().values()}
+dtypes.add(np.dtype(losses[0].dtype).name)
+print(json.dumps({"losses": [float(v.asscalar()) for v in losses], "dtypes": sorted(dtypes)}))
+"""
+
+
+def _bf16_steps(amp):
+    proc = subprocess.run(
+        [sys.executable, "-c", BF16_STEPS, amp], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_bf16_compute_keeps_float32_params():
+    if not mdev.has_bf16():
+        pytest.skip("MXNet's oneDNN has no bf16 kernels for this CPU (AVX-512 needed)")
+    bf16, fp32 = _bf16_steps("bf16"), _bf16_steps("off")
+    assert bf16["dtypes"] == ["float32"]  # parameters and loss
+    losses = bf16["losses"]
+    assert np.isfinite(losses).all() and losses[-1] < losses[0]
+    assert losses[0] != fp32["losses"][0]  # the convolutions did run in bf16
+
+
+def test_unknown_strategy_is_a_config_error():
     plan = devices.DevicePlan(2, "cpu", True)
-    with pytest.raises(config.ConfigError, match="bf16 is not supported"):
-        r18.main(_args(amp="bf16"), plan, cli.config_of(_args()))
     with pytest.raises(config.ConfigError, match="unknown resnet18 strategy 'ddp' for mxnet"):
         r18.main(_args(strategy="ddp"), plan, cli.config_of(_args()))
 
