@@ -2,8 +2,9 @@
     --results PATH --out DIR [--preset P] --platform auto [--dry-run]`: what `make compare` runs.
 
 Every workload of every framework, in that framework's environment
-(`.venv/<fw>/bin/python -m <fw>_impl ...`), on 1 and 2 devices with the strategies that run on
-this machine (the table RUNS below), at the preset that fits the machine; then the report.
+(`.venv/<fw>/bin/python -m <fw>_impl ...`; `--python P`: one interpreter for all), on 1 and 2
+devices with the strategies that run on this machine (the table RUNS below), at the preset that
+fits the machine; then the report.
 A failed run is reported at the end with the last lines of its stderr, and the others still run;
 the exit code is 0 only if everything planned ran.
 """
@@ -14,6 +15,7 @@ import argparse
 import collections
 import dataclasses
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -234,7 +236,10 @@ def stream(cmd: list[str], echo, timeout: float | None = None) -> tuple[int, lis
     return proc.returncode, list(tail), note
 
 
-def python_for(framework: str, venv: Path) -> Path:
+def python_for(framework: str, venv: Path, python: str | None = None) -> Path:
+    """The interpreter of a framework's runs: its environment's, or `python` (--python) for all."""
+    if python:
+        return Path(shutil.which(python) or python)
     return venv / framework / "bin" / "python"
 
 
@@ -252,20 +257,25 @@ def without(plan: Plan, unset: dict[str, str]) -> Plan:
     return dataclasses.replace(plan, steps=kept, skipped=(*plan.skipped, *gone))
 
 
-def execute(plan: Plan, results: str, venv: Path, echo=print, runner=stream, timeout=None):
+def execute(
+    plan: Plan, results: str, venv: Path, echo=print, runner=stream, timeout=None, python=None
+):
     """Run every step; a failure is recorded and the next step runs."""
     outcomes = []
     total = len(plan.steps)
     for i, step in enumerate(plan.steps, start=1):
         head = f"[{i}/{total}]"
-        python = python_for(step.framework, venv)
-        if not python.exists():
+        exe = python_for(step.framework, venv, python)
+        if not exe.exists():
             setup = f"make setup FRAMEWORK={step.framework}"
-            reason = f"no environment {python.parent.parent} (run: {setup})"
+            reason = (
+                f"no interpreter {python}" if python
+                else f"no environment {exe.parent.parent} (run: {setup})"
+            )  # fmt: skip
             echo(f"{head} {step.describe()}: SKIPPED, {reason}")
             outcomes.append(Outcome(step, None, 0.0, [], reason))
             continue
-        cmd = [str(python), *step.args(plan.platform, plan.preset, results)]
+        cmd = [str(exe), *step.args(plan.platform, plan.preset, results)]
         echo(f"{head} {step.describe()}")
         echo(f"    $ {' '.join(cmd)}")
         start = time.perf_counter()
@@ -311,7 +321,7 @@ def summary(outcomes: list[Outcome], plan: Plan, echo=print) -> None:
     )
 
 
-def show_plan(plan: Plan, results: str, out: str, echo=print) -> None:
+def show_plan(plan: Plan, results: str, out: str, echo=print, python=None) -> None:
     kind = (
         f"{plan.accelerators} GPU(s)"
         if plan.platform == "gpu"
@@ -320,7 +330,7 @@ def show_plan(plan: Plan, results: str, out: str, echo=print) -> None:
     echo(f"plan: platform {plan.platform} ({kind}), preset {plan.preset}, results {results}")
     for i, step in enumerate(plan.steps, start=1):
         argv = " ".join(step.args(plan.platform, plan.preset, results))
-        echo(f"  {i:2d}. .venv/{step.framework}/bin/python {argv}")
+        echo(f"  {i:2d}. {python or f'.venv/{step.framework}/bin/python'} {argv}")
     for step, reason in plan.skipped:
         echo(f"  skip: {step.describe()}: {reason}")
     echo(f"  then: python -m compare.report --results {results} --out {out}")
@@ -341,6 +351,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--html", action="store_true", help="also write report.html")
     p.add_argument("--timeout", type=float, default=None, help="seconds per run (default: none)")
     p.add_argument("--venv", default=str(ROOT / ".venv"), help="where the framework venvs are")
+    p.add_argument(
+        "--python", default=None,
+        help="one interpreter for every framework instead of the venvs (a machine whose Python "
+        "has them all, such as a GPU image); choose its --frameworks",
+    )  # fmt: skip
     return p
 
 
@@ -354,10 +369,10 @@ def main(argv: list[str] | None = None, runner=stream, echo=print) -> int:
     except PlanError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    unset = not_set_up(args.frameworks, Path(args.venv))
+    unset = {} if args.python else not_set_up(args.frameworks, Path(args.venv))
     plan = without(plan, unset)
     results = str(Path(args.results).resolve())
-    show_plan(plan, results, args.out, echo)
+    show_plan(plan, results, args.out, echo, args.python)
     if args.dry_run:
         return 0
     from compare import report
@@ -376,7 +391,7 @@ def main(argv: list[str] | None = None, runner=stream, echo=print) -> int:
         echo(note)
     start = time.perf_counter()
     try:
-        outcomes = execute(plan, results, Path(args.venv), echo, runner, args.timeout)
+        outcomes = execute(plan, results, Path(args.venv), echo, runner, args.timeout, args.python)
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130

@@ -237,6 +237,29 @@ def test_end_to_end_with_fake_environments(tmp_path, capsys):
     assert "No resnet18 records in this group." in md
 
 
+def test_one_interpreter_for_every_framework(tmp_path):
+    """--python: a machine whose one Python has the frameworks (a GPU image), no venvs."""
+    python = fake_venv(tmp_path, frameworks=("torch",)) / "torch" / "bin" / "python"
+    lines = []
+    code = run.main(
+        ["--frameworks", "torch", "jax", "--workloads", "lenet", "--platform", "cpu",
+         "--preset", "smoke", "--results", str(tmp_path / "r.jsonl"), "--out", str(tmp_path),
+         "--venv", str(tmp_path / "none"), "--python", str(python)],
+        echo=lines.append,
+    )  # fmt: skip
+    assert code == 0
+    text = "\n".join(lines)
+    assert f"   1. {python} -m torch_impl --workload lenet" in text
+    assert "    | fake jax lenet on 2" in text
+    assert "6 of 6 run(s) ok, 0 failed, 0 not run, 0 skipped on this machine" in text
+    code = run.main(
+        ["--frameworks", "jax", "--workloads", "lenet", "--platform", "cpu", "--preset", "smoke",
+         "--results", str(tmp_path / "r.jsonl"), "--out", str(tmp_path), "--python", "nopython3"],
+        echo=lines.append,
+    )  # fmt: skip
+    assert code == 1 and "SKIPPED, no interpreter nopython3" in "\n".join(lines)
+
+
 def test_a_framework_setup_skipped_is_skipped_and_the_report_says_so(tmp_path):
     """MXNet without Python 3.10/3.11: `make setup` writes <venv>/mxnet.skipped and no env."""
     venv = fake_venv(tmp_path, frameworks=("torch", "jax"))
