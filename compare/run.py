@@ -12,24 +12,20 @@ the exit code is 0 only if everything planned ran.
 from __future__ import annotations
 
 import argparse
-import collections
 import dataclasses
-import os
 import shutil
-import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from common import config, devices
 from common.results import ResultsError, check_writable
+from compare.stream import stream
 
 ROOT = Path(__file__).resolve().parents[1]
 ALL = ("torch", "jax", "mxnet")
 CEILING = "ceiling"  # a Run of the ceiling benchmark (common/ceiling.py), not a strategy
-TAIL_LINES = 15
 
 
 @dataclass(frozen=True)
@@ -193,47 +189,6 @@ class Outcome:
     @property
     def ok(self) -> bool:
         return self.returncode == 0
-
-
-def stream(cmd: list[str], echo, timeout: float | None = None) -> tuple[int, list[str], str]:
-    """Run `cmd`, echoing its output line by line as it comes; (exit code, stderr tail, note)."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        errors="replace", bufsize=1,
-    )  # fmt: skip
-    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-    lock = threading.Lock()
-
-    def pump(pipe, keep):
-        for line in pipe:
-            line = line.rstrip("\n")
-            if keep:
-                tail.append(line)
-            with lock:
-                echo(f"    | {line}")
-        pipe.close()
-
-    threads = [
-        threading.Thread(target=pump, args=(proc.stdout, False), daemon=True),
-        threading.Thread(target=pump, args=(proc.stderr, True), daemon=True),
-    ]
-    for t in threads:
-        t.start()
-    note = ""
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        note = f"timed out after {timeout:g} s"
-    except BaseException:
-        proc.kill()
-        proc.wait()
-        raise
-    for t in threads:
-        t.join(timeout=5)
-    return proc.returncode, list(tail), note
 
 
 def python_for(framework: str, venv: Path, python: str | None = None) -> Path:

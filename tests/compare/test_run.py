@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from compare import run
+from compare import run, stream
 from compare.run import Step
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -327,15 +327,15 @@ def test_unwritable_outputs_are_refused_before_any_run(tmp_path, capsys, results
 
 def test_stream_keeps_the_stderr_tail_and_times_out():
     lines = []
-    code, tail, note = run.stream(
+    code, tail, note = stream.stream(
         [sys.executable, "-c", "import sys\nfor i in range(30): print(i, file=sys.stderr)\n"
          "print('out')"],
         lines.append,
     )  # fmt: skip
     assert code == 0 and note == ""
-    assert tail == [str(i) for i in range(30 - run.TAIL_LINES, 30)]
+    assert tail == [str(i) for i in range(30 - stream.TAIL_LINES, 30)]
     assert "    | out" in lines
-    code, _, note = run.stream([sys.executable, "-c", "import time; time.sleep(30)"], print, 0.5)
+    code, _, note = stream.stream([sys.executable, "-c", "import time; time.sleep(30)"], print, 0.5)
     assert code != 0 and note == "timed out after 0.5 s"
 
 
