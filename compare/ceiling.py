@@ -45,6 +45,13 @@ def rows(entries: list[Entry], ceilings: list[Entry]) -> list[tuple[Entry | None
     return sorted(pairs, key=lambda p: order((p[1].rec.framework, (p[0] or p[1]).label)))
 
 
+def sec_per_epoch(entries: list[Entry], ceilings: list[Entry], workload: str) -> dict:
+    """(framework, label) of each 1-device training row -> its ceiling's sec/epoch (median),
+    for the plots; empty without ceiling records."""
+    mine = [c for c in ceilings if c.rec.workload == workload]
+    return {(t.rec.framework, t.label): c.median for t, c in rows(entries, mine) if t is not None}
+
+
 def ceiling_table(workload: str, entries: list[Entry], ceilings: list[Entry], envs) -> Table | None:
     """The table for one workload of one machine group, or None without a ceiling record."""
     mine = [c for c in ceilings if c.rec.workload == workload]

@@ -36,12 +36,16 @@ def _color(framework: str, i: int) -> str:
     return COLORS.get(framework.split("+")[0], f"C{i % 10}")
 
 
-def sec_bars(path: Path, title: str, rows: list[DpRow]) -> Path | None:
-    """sec/epoch per row, one bar per device count, std as error bars; hatched: extrapolated."""
+def sec_bars(
+    path: Path, title: str, rows: list[DpRow], ceilings: dict[tuple[str, str], float] | None = None
+) -> Path | None:
+    """sec/epoch per row, one bar per device count, std as error bars; hatched: extrapolated.
+    `ceilings` ((framework, label) -> the ceiling's sec/epoch) marks each 1-device bar with its
+    framework's ceiling, so the gap between a loop and its ceiling shows beside the bars."""
     if not rows:
         return None
     counts = device_counts(rows)
-    fig = _figure()
+    fig = _figure(max(7.5, 1.0 + 0.9 * len(rows)))  # room for every row's label
     ax = fig.add_subplot()
     width = 0.8 / len(counts)
     x = np.arange(len(rows))
@@ -62,12 +66,26 @@ def sec_bars(path: Path, title: str, rows: list[DpRow]) -> Path | None:
         for bar, (_, e) in zip(bars, shown, strict=True):
             if e.rec.extrapolated:
                 bar.set_hatch("//")
-    ax.set_xticks(x, [f"{r.framework}\n{r.label}" for r in rows])
+        if n == 1 and ceilings:
+            _ceiling_marks(ax, bars, [rows[i] for i, _ in shown], ceilings)
+    # One line per part of the label ("ddp", "+bf16", "+compiled"): long labels do not collide.
+    ax.set_xticks(x, [f"{r.framework}\n" + r.label.replace("+", "\n+") for r in rows])
     ax.set_ylabel("sec/epoch (median, std)")
     extrapolated = any(e.rec.extrapolated for r in rows for e in r.cells.values())
     ax.set_title(title + ("\nhatched: extrapolated from fewer steps" if extrapolated else ""))
     ax.legend()
     return _save(fig, path)
+
+
+def _ceiling_marks(ax, bars, rows: list[DpRow], ceilings: dict[tuple[str, str], float]) -> None:
+    """A black bar-wide line at each 1-device bar's ceiling sec/epoch; one legend entry."""
+    label = "ceiling (1 device)"
+    for bar, row in zip(bars, rows, strict=True):
+        ceiling = ceilings.get((row.framework, row.label))
+        if ceiling is not None:
+            left, right = bar.get_x(), bar.get_x() + bar.get_width()
+            ax.hlines(ceiling, left, right, "black", linewidth=2.5, label=label, gid="ceiling")
+            label = "_nolegend_"
 
 
 def scaling(path: Path, title: str, rows: list[DpRow]) -> Path | None:
@@ -113,7 +131,7 @@ def accuracy(path: Path, title: str, rows: list[DpRow]) -> Path | None:
     ]
     if not curves:
         return None
-    fig = _figure(6.5, 4.5)
+    fig = _figure(9, 4.5)
     ax = fig.add_subplot()
     for i, (row, n, accs) in enumerate(curves):
         ax.plot(
@@ -128,7 +146,8 @@ def accuracy(path: Path, title: str, rows: list[DpRow]) -> Path | None:
     ax.set_ylabel("test accuracy")
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_title(title)
-    ax.legend(fontsize="small")
+    # Outside the axes: a dozen curves leave no corner of the plot free.
+    fig.legend(loc="outside right upper", fontsize="small")
     return _save(fig, path)
 
 

@@ -13,6 +13,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 
 from common import config, devices
@@ -260,8 +261,10 @@ def dp_section(doc: Doc, s: Section, out: Path, envs: dict[str, str]) -> None:
         doc.heading(4, "Memory and utilisation")
         doc.table(extras)
     name = s.workload
+    marks = ceiling.sec_per_epoch(s.entries, s.machine.ceilings, name)
+    bars = f"{name}: sec/epoch, median ± std" + (", black line: ceiling" if marks else "")
     figures = [
-        (plots().sec_bars, f"{name}_sec_per_epoch.png", f"{name}: sec/epoch, median ± std"),
+        (partial(plots().sec_bars, ceilings=marks), f"{name}_sec_per_epoch.png", bars),
         (plots().scaling, f"{name}_scaling.png", f"{name}: speedup vs 1 device, ideal dashed"),
         (plots().accuracy, f"{name}_accuracy.png", f"{name}: test accuracy per epoch"),
     ]

@@ -5,7 +5,8 @@ ceilings never appear as training rows, and one without a training record is lef
 import pytest
 
 from common import results
-from compare import report
+from compare import ceiling as compare_ceiling
+from compare import plots, report, tables
 from tests.compare import fixture_records as fx
 from tests.compare.test_report import CPU, table_rows
 
@@ -114,3 +115,21 @@ def test_readme_tables_show_the_ceiling_beside_the_one_device_time(tmp_path):
     assert "| torch ddp | 0.610 | 300 ± 0 s* (n=1) | 240 ± 0 s* (n=3) | 1.25x |" in resnet18
     assert "| torch ddp+compiled | 0.600 | 250 ± 0 s (n=1) | – | – |" in resnet18  # its own tier
     assert "| jax pmap | 0.630 | 160 ± 0 s (n=1) | 200 ± 0 s* (n=3) | 0.80x |" in resnet18
+
+
+def test_the_sec_per_epoch_plot_marks_each_one_device_bar_with_its_ceiling(tmp_path, monkeypatch):
+    path = tmp_path / "r.jsonl"
+    for rec in training() + CEILINGS:
+        results.append(rec, path)
+    loaded = report.load([str(path)])
+    group = next(m for m in loaded.machines if m.preset == "cpu")
+    entries = group.workload("resnet18")
+    marks = compare_ceiling.sec_per_epoch(entries, group.ceilings, "resnet18")
+    # The tier must match: the compiled row has no compiled ceiling, so no mark.
+    assert marks == {("torch", "ddp"): 240.0, ("jax", "sharding"): 200.0, ("jax", "pmap"): 200.0}
+    drawn, real = [], plots._ceiling_marks
+    monkeypatch.setattr(plots, "_ceiling_marks", lambda ax, *a: (real(ax, *a), drawn.append(ax)))
+    plots.sec_bars(tmp_path / "p.png", "t", tables.dp_rows(entries), marks)
+    lines = [c for c in drawn[0].collections if c.get_gid() == "ceiling"]
+    heights = sorted(seg[0][1] for c in lines for seg in c.get_segments())
+    assert heights == [200.0, 200.0, 240.0]
