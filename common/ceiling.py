@@ -85,9 +85,9 @@ def run(framework: str, main: Callable, argv: list[str] | None = None) -> int:
     args = parser(framework).parse_args(argv)
     try:
         plan, cfg = check(framework, args)
-        note = devices.notice(plan)
-        if note:
-            print(note, file=sys.stderr)
+        for note in (devices.notice(plan), cli.bf16_note(framework, args, plan.platform)):
+            if note:
+                print(note, file=sys.stderr)
         main(args, plan, cfg)
     except cli.USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)

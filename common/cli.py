@@ -151,6 +151,24 @@ def check_amp(framework: str, args: argparse.Namespace, platform: str) -> None:
         )
 
 
+def bf16_note(framework: str, args: argparse.Namespace, platform: str) -> str | None:
+    """A note where --amp bf16 runs but cannot pay: torch or JAX on a CPU without bf16
+    arithmetic (devices.cpu_has_bf16; MXNet refuses there or emulates, docs/design.md)."""
+    if getattr(args, "amp", "off") != "bf16" or framework == "mxnet" or platform != "cpu":
+        return None
+    if devices.cpu_has_bf16():
+        return None
+    return f"note: this CPU has no bf16 arithmetic (AVX512_BF16 or AMX): {BF16_SLOWER[framework]}"
+
+
+# What bf16 cost on a CPU without bf16 arithmetic (results/cpu-avx2-2core.jsonl).
+BF16_SLOWER = {
+    "torch": "torch's bf16 convolutions fall back to generic kernels, measured 16-20x slower "
+    "than float32 on an AVX2 CPU; use --amp off",
+    "jax": "XLA's bf16 steps were measured 1.2x slower than float32 on an AVX2 CPU; use --amp off",
+}
+
+
 NODE_OPTIONS = ("--nnodes", "--node-rank", "--rdzv-endpoint", "--rdzv-timeout")
 NODES_SCOPE = "--nnodes, --node-rank and --rdzv-* apply to torch resnet18 ddp"
 
@@ -231,6 +249,8 @@ def run(
         note = devices.notice(plan)
         if note and not os.environ.get(NOTE_SHOWN_ENV):
             print(note, file=sys.stderr)
+        if bf16 := bf16_note(framework, args, plan.platform):
+            print(bf16, file=sys.stderr)
         module.main(args, plan, cfg)
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)

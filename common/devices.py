@@ -73,19 +73,59 @@ def _proc_gpu_name(d: Path) -> str:
     return "NVIDIA GPU"
 
 
-def cpu_has_avx512() -> bool:
-    """Whether the CPU has AVX-512 (oneDNN's avx512_core: what MXNet's bf16 kernels need) and
-    DNNL_MAX_CPU_ISA does not cap it below; read from /proc/cpuinfo (elsewhere: False)."""
-    cap = os.environ.get("DNNL_MAX_CPU_ISA", "").upper()
-    if cap and not cap.startswith(("ALL", "AVX512", "AVX10", "AMX")):
-        return False
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as /proc/cpuinfo names them (elsewhere: none)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return False
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines()
-                  if line.startswith("flags")), [])  # fmt: skip
-    return {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= set(flags)
+        return set()
+    return next((set(line.split(":", 1)[1].split()) for line in text.splitlines()
+                 if line.startswith("flags")), set())  # fmt: skip
+
+
+# The vector ISA levels the frameworks' CPU kernels are chosen by, widest first: (name, flags).
+_ISAS = (
+    ("amx_bf16", {"amx_bf16"}),
+    ("avx512_bf16", {"avx512_bf16"}),
+    ("avx512", {"avx512f", "avx512bw", "avx512vl", "avx512dq"}),
+    ("avx2", {"avx2", "fma"}),
+)
+# The variables that cap the ISA of oneDNN (torch; MXNet's older build) and XLA:CPU.
+ISA_CAP_ENV = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
+
+
+def cpu_isa() -> str:
+    """The CPU's widest vector ISA level that the frameworks' kernels use: amx_bf16,
+    avx512_bf16, avx512, avx2, or other (an older x86 CPU, another architecture). Two machines
+    with one CPU name can differ here (a VM hides AVX-512, say), and so do their timings."""
+    flags = cpu_flags()
+    return next((name for name, needs in _ISAS if needs <= flags), "other")
+
+
+def isa_caps() -> dict[str, str]:
+    """The ISA caps set in the environment (`make numerics` caps at AVX2), by variable."""
+    caps = {name: os.environ[name] for name in ISA_CAP_ENV if os.environ.get(name)}
+    xla = re.search(r"--xla_cpu_max_isa=(\S+)", os.environ.get("XLA_FLAGS", ""))
+    if xla:
+        caps["xla_cpu_max_isa"] = xla.group(1)
+    return caps
+
+
+# oneDNN's ISA caps (torch reads ONEDNN_MAX_CPU_ISA, MXNet's older build DNNL_MAX_CPU_ISA) that
+# still allow bf16 instructions: `make numerics` caps at AVX2, which takes them away.
+_BF16_ISAS = ("ALL", "AVX512_CORE_BF16", "AVX512_CORE_AMX", "AVX10", "AMX")
+
+
+def cpu_has_bf16() -> bool:
+    """Whether the CPU has bf16 arithmetic (AVX512_BF16 or AMX-BF16) and no oneDNN ISA cap
+    takes it away: where bf16 can pay on a CPU. Without it oneDNN emulates bf16 on AVX-512
+    (slower than float32) and has no bf16 kernels at all on AVX2, where torch's autocast falls
+    back to generic ones and MXNet's bf16 convolution fails (docs/design.md, Traps)."""
+    for name in ISA_CAP_ENV:
+        cap = os.environ.get(name, "").upper()
+        if cap and not cap.startswith(_BF16_ISAS):
+            return False
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
 def plan(gpus: int, platform: str = "auto", accelerators: int | None = None) -> DevicePlan:

@@ -6,7 +6,10 @@ from common import devices, results
 
 
 def main() -> None:
-    print(f"cpu: {results.cpu_model()} ({os.cpu_count()} cores)")
+    caps = ", ".join(f"{k}={v}" for k, v in devices.isa_caps().items())
+    isa = devices.cpu_isa() + (f", capped: {caps}" if caps else "")
+    bf16 = "bf16 arithmetic" if devices.cpu_has_bf16() else "no bf16 arithmetic"
+    print(f"cpu: {results.cpu_model()} ({os.cpu_count()} cores, ISA {isa}, {bf16})")
     gpus = results.gpu_details()
     if not gpus:
         print("gpus: none (multi-device runs use virtual CPU devices)")

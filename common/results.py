@@ -258,6 +258,8 @@ def environment(framework_versions: dict[str, str]) -> tuple[dict, dict]:
     hardware = {
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
+        "cpu_isa": devices.cpu_isa(),  # one CPU name, several ISAs: timings differ by it
+        "isa_caps": devices.isa_caps(),
         "gpus": gpu_details(),
         "host_platform": f"{sys.platform}-{platform.machine()}",
         "accelerators_visible": devices.count_accelerators(),

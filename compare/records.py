@@ -143,16 +143,28 @@ def hardware_key(rec: Record) -> tuple:
         names = (g.get("name", "?") if isinstance(g, dict) else str(g) for g in gpus)
         return ("gpu", tuple(sorted(map(str, names))))
     cores = hw.get("cpu_count")
-    return ("cpu", str(hw.get("cpu") or "unknown CPU"), cores if _positive(cores) else None)
+    cpu = str(hw.get("cpu") or "unknown CPU")
+    return ("cpu", cpu, cores if _positive(cores) else None, isa_text(hw))
+
+
+def isa_text(hw: dict) -> str | None:
+    """`AVX512_BF16`, `AVX512_BF16 capped at AVX2`; None for records made before they said."""
+    isa = hw.get("cpu_isa")
+    if not isinstance(isa, str):
+        return None
+    caps = hw.get("isa_caps") if isinstance(hw.get("isa_caps"), dict) else {}
+    capped = sorted({str(c).upper() for c in caps.values()})
+    return isa.upper() + (f" capped at {'/'.join(capped)}" if capped else "")
 
 
 def hardware_text(key: tuple, devices: int, virtual: bool) -> str:
     """A title such as `1 x NVIDIA H100 80GB HBM3` or `2 virtual devices on 2 CPU cores (AMD
-    EPYC)`: a machine's devices, counted from its records."""
+    EPYC, AVX2)`: a machine's devices, counted from its records."""
     if key[0] == "gpu":
         counts = Counter(key[1])
         return ", ".join(f"{n} x {name}" for name, n in counts.items()) or "unknown GPU"
-    _, cpu, cores = key
+    _, cpu, cores, isa = key
+    cpu = f"{cpu}, {isa}" if isa else cpu
     where = f"{cores} CPU cores ({cpu})" if cores else cpu
     if not virtual:
         return where
@@ -374,6 +386,7 @@ def environment_text(rec: Record) -> str:
         ", ".join(g.get("name", "?") if isinstance(g, dict) else str(g) for g in gpus) or "no GPU"
     )
     cpu = hw.get("cpu") or "unknown CPU"
+    cpu += f", {isa_text(hw)}" if isa_text(hw) else ""
     cores = f" ({hw['cpu_count']} cores)" if hw.get("cpu_count") else ""
     versions = rec.versions if isinstance(rec.versions, dict) else {}
     first = [rec.framework] if rec.framework in versions else []

@@ -35,17 +35,26 @@ class Run:
     frameworks: tuple[str, ...]
     strategy: str | None  # None: the framework's default
     flags: tuple[str, ...] = ()
-    # "cuda": platform gpu only; "1gpu": only with exactly one GPU; "avx512": an AVX-512 CPU
+    # "cuda": platform gpu only; "1gpu": only with exactly one GPU; "bf16": a GPU or a CPU with
+    # bf16 arithmetic (devices.cpu_has_bf16); "cpu-bf16": such a CPU, never a GPU
     needs: str | None = None
     why: str = ""
 
 
 # The run list. On a machine with fewer accelerators than `gpus`, a row is skipped with a reason.
 # Each framework's plain path (float32; torch eager) runs on 1 and 2 devices; beside it on one
-# device, its faster paths, labelled in the report: bf16 in all three and torch compiled.
+# device, its faster paths, labelled in the report: bf16 in all three and torch compiled. bf16
+# runs where it can pay: with bf16 arithmetic (BF16_WHY says what was measured without it).
 BF16, COMPILED = ("--amp", "bf16"), ("--compile",)
 DP_CUDA = "nn.DataParallel without CUDA silently runs the plain module"
-MX_BF16 = "MXNet's bf16 kernels are oneDNN's, for CPUs with AVX-512"
+BF16_WHY = (
+    "a GPU or a CPU with AVX512_BF16 or AMX; without them bf16 was measured slower than float32 "
+    "(ResNet-18 steps on a 2-core AVX2 CPU: torch 16-20x, JAX 1.2x; results/cpu-avx2-2core.jsonl)"
+)
+MX_BF16 = (
+    "MXNet's bf16 kernels are oneDNN's, for CPUs only: they fail on AVX2, and emulated on AVX-512 "
+    "without AVX512_BF16 they were measured 2.6x slower than float32 (docs/design.md, Traps)"
+)
 # fmt: off
 RUNS: tuple[Run, ...] = (
     #   workload    gpus  frameworks   strategy        flags        needs
@@ -53,34 +62,36 @@ RUNS: tuple[Run, ...] = (
     Run("lenet",    2,    ALL,         None),
     Run("resnet18", 1,    ("torch",),  "ddp"),
     Run("resnet18", 2,    ("torch",),  "ddp"),
-    Run("resnet18", 1,    ("torch",),  "ddp",          BF16),
+    Run("resnet18", 1,    ("torch",),  "ddp",          BF16,        "bf16",   BF16_WHY),
     Run("resnet18", 1,    ("torch",),  "ddp",          COMPILED),
-    Run("resnet18", 1,    ("torch",),  "ddp",          COMPILED + BF16),
+    Run("resnet18", 1,    ("torch",),  "ddp",          COMPILED + BF16, "bf16", BF16_WHY),
     Run("resnet18", 1,    ("torch",),  "dataparallel", (),          "cuda",   DP_CUDA),
     Run("resnet18", 2,    ("torch",),  "dataparallel", (),          "cuda",   DP_CUDA),
     Run("resnet18", 1,    ("torch",),  "dataparallel", COMPILED,    "cuda",   DP_CUDA),
     Run("resnet18", 1,    ("jax",),    "sharding"),
     Run("resnet18", 2,    ("jax",),    "sharding"),
-    Run("resnet18", 1,    ("jax",),    "sharding",     BF16),
+    Run("resnet18", 1,    ("jax",),    "sharding",     BF16,        "bf16",   BF16_WHY),
     Run("resnet18", 1,    ("jax",),    "pmap"),
     Run("resnet18", 2,    ("jax",),    "pmap"),
     Run("resnet18", 1,    ("mxnet",),  "gluon"),
     Run("resnet18", 2,    ("mxnet",),  "gluon"),
-    Run("resnet18", 1,    ("mxnet",),  "gluon",        BF16,        "avx512", MX_BF16),
+    Run("resnet18", 1,    ("mxnet",),  "gluon",        BF16,        "cpu-bf16", MX_BF16),
     Run("resnet50", 2,    ALL,         None),          # single, model_parallel, pipeline
     Run("resnet50", 2,    ALL,         None,           ("--sweep",)),  # split_size sweep
     Run("resnet50", 2,    ("torch",),  "gpipe"),
     Run("resnet50", 2,    ("torch",),  "1f1b"),
     Run("resnet50", 1,    ALL,         None,           (),          "1gpu",
         "the 2-device runs cannot run: at least the single-device time"),
+    Run("resnet50", 1,    ALL,         None,           ("--sweep",), "1gpu",
+        "the 2-device sweep cannot run: the split sizes with both stages on the one GPU"),
     # the framework's own tight-loop step on one device, for the report's x ceiling: one per
     # precision and compiled tier of the training runs above
     Run("lenet",    1,    ALL,         CEILING),
     Run("resnet18", 1,    ALL,         CEILING),
-    Run("resnet18", 1,    ("torch", "jax"), CEILING,   BF16),
+    Run("resnet18", 1,    ("torch", "jax"), CEILING,   BF16,        "bf16",   BF16_WHY),
     Run("resnet18", 1,    ("torch",),  CEILING,        COMPILED),
-    Run("resnet18", 1,    ("torch",),  CEILING,        COMPILED + BF16),
-    Run("resnet18", 1,    ("mxnet",),  CEILING,        BF16,        "avx512", MX_BF16),
+    Run("resnet18", 1,    ("torch",),  CEILING,        COMPILED + BF16, "bf16", BF16_WHY),
+    Run("resnet18", 1,    ("mxnet",),  CEILING,        BF16,        "cpu-bf16", MX_BF16),
 )
 # fmt: on
 
@@ -131,10 +142,10 @@ def make_plan(
     platform: str,
     accelerators: int,
     preset: str | None = None,
-    avx512: bool = False,
+    cpu_bf16: bool = False,
 ) -> Plan:
     """The runs for this machine: a pure function of the request, the accelerator count and
-    whether the CPU has AVX-512 (devices.cpu_has_avx512)."""
+    whether the CPU has bf16 arithmetic (devices.cpu_has_bf16)."""
     for fw in frameworks:
         if fw not in ALL:
             raise PlanError(f"unknown framework {fw!r}; choose from {', '.join(ALL)}")
@@ -164,8 +175,10 @@ def make_plan(
                     continue  # a stand-in for the 2-device runs, where those cannot run
                 if run.needs == "cuda" and resolved != "gpu":
                     skipped.append((step, f"needs CUDA: {run.why}"))
-                elif run.needs == "avx512" and (resolved == "gpu" or not avx512):
-                    skipped.append((step, f"needs an AVX-512 CPU: {run.why}"))
+                elif run.needs == "bf16" and not (resolved == "gpu" or cpu_bf16):
+                    skipped.append((step, f"needs bf16 arithmetic: {run.why}"))
+                elif run.needs == "cpu-bf16" and (resolved == "gpu" or not cpu_bf16):
+                    skipped.append((step, f"needs a CPU with bf16 arithmetic: {run.why}"))
                 elif resolved == "gpu" and run.gpus > accelerators:
                     skipped.append(
                         (step, f"needs {run.gpus} GPUs; this machine has {accelerators}")
@@ -319,7 +332,7 @@ def main(argv: list[str] | None = None, runner=stream, echo=print) -> int:
     try:
         plan = make_plan(
             args.frameworks, args.workloads, args.platform, devices.count_accelerators(),
-            args.preset, devices.cpu_has_avx512(),
+            args.preset, devices.cpu_has_bf16(),
         )  # fmt: skip
     except PlanError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -353,10 +366,21 @@ def main(argv: list[str] | None = None, runner=stream, echo=print) -> int:
     summary(outcomes, plan, echo)
     echo(f"total {time.perf_counter() - start:.1f} s; writing the report")
     notes = [f"{fw} was not set up on this machine: {why}" for fw, why in unset.items()]
+    notes += skip_notes(plan, unset)
     code = report.build(
         [results], args.out, args.html, plan.preset, plan.platform, echo=echo, notes=notes
     )
     return 0 if code == 0 and all(o.ok for o in outcomes) else 1
+
+
+def skip_notes(plan: Plan, unset: dict[str, str]) -> list[str]:
+    """One line per reason the plan left runs out, for the report: what, and why (a framework
+    not set up has its own line)."""
+    by_reason: dict[str, list[str]] = {}
+    for step, why in plan.skipped:
+        if step.framework not in unset:
+            by_reason.setdefault(why, []).append(step.describe())
+    return [f"Not run on this machine ({why}): {'; '.join(s)}" for why, s in by_reason.items()]
 
 
 if __name__ == "__main__":

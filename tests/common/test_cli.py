@@ -42,6 +42,28 @@ def test_bf16_where_a_bf16_path_exists(framework, workload, platform, message):
             cli.check_amp(framework, args, platform)
 
 
+@pytest.mark.parametrize(
+    ("framework", "platform", "amp", "has_bf16", "noted"),
+    [
+        ("torch", "cpu", "bf16", False, True),
+        ("jax", "cpu", "bf16", False, True),
+        ("torch", "cpu", "bf16", True, False),  # bf16 arithmetic: it can pay
+        ("torch", "gpu", "bf16", False, False),
+        ("torch", "cpu", "off", False, False),
+        ("mxnet", "cpu", "bf16", False, False),  # refused on AVX2 (use_bf16), emulated on AVX-512
+    ],
+)
+def test_bf16_on_a_cpu_without_bf16_arithmetic_is_noted(
+    monkeypatch, framework, platform, amp, has_bf16, noted
+):
+    monkeypatch.setattr(cli.devices, "cpu_has_bf16", lambda: has_bf16)
+    note = cli.bf16_note(framework, argparse.Namespace(amp=amp), platform)
+    assert (note is not None) is noted
+    if noted:
+        assert note.startswith("note: this CPU has no bf16 arithmetic") and "\n" not in note
+        assert "measured" in note and "float32" in note
+
+
 def test_missing_workload_module_says_not_implemented(monkeypatch, capsys):
     def missing(name):
         raise ModuleNotFoundError(f"No module named {name!r}", name=name)

@@ -1,6 +1,8 @@
 import os
+import platform
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -75,3 +77,63 @@ def test_jax_flag_after_jax_import_is_refused():
     )
     assert out.returncode != 0
     assert "JAX was imported before the device count was set" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "expected"),
+    [
+        ({"avx2", "fma"}, {}, False),  # AVX2: no bf16 kernels in oneDNN
+        ({"avx512f", "avx512bw", "avx512vl", "avx512dq"}, {}, False),  # AVX-512: emulated
+        ({"avx512f", "avx512_bf16"}, {}, True),  # Cooper Lake, Zen 4 and later
+        ({"amx_bf16", "amx_tile"}, {}, True),  # Sapphire Rapids and later
+        ({"avx512_bf16"}, {"ONEDNN_MAX_CPU_ISA": "AVX2"}, False),  # make numerics' cap
+        ({"avx512_bf16"}, {"DNNL_MAX_CPU_ISA": "AVX512_CORE"}, False),
+        ({"avx512_bf16"}, {"ONEDNN_MAX_CPU_ISA": "avx512_core_bf16"}, True),
+        ({"amx_bf16"}, {"DNNL_MAX_CPU_ISA": "ALL"}, True),
+    ],
+)
+def test_bf16_arithmetic_from_the_cpu_flags_and_isa_caps(monkeypatch, flags, env, expected):
+    monkeypatch.setattr(devices, "cpu_flags", lambda: flags)
+    for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert devices.cpu_has_bf16() is expected
+
+
+@pytest.mark.skipif(
+    platform.machine() != "x86_64" or not Path("/proc/cpuinfo").is_file(),
+    reason="x86-64 Linux names its CPU flags in /proc/cpuinfo",
+)
+def test_cpu_flags_are_read_from_proc_cpuinfo():
+    assert {"sse2", "fxsr"} <= devices.cpu_flags()  # every x86-64 CPU has these
+
+
+@pytest.mark.parametrize(
+    ("flags", "isa"),
+    [
+        ({"sse2"}, "other"),
+        ({"avx2", "fma"}, "avx2"),
+        ({"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq"}, "avx512"),
+        (
+            {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"},
+            "avx512_bf16",
+        ),
+        ({"avx512_bf16", "amx_bf16", "amx_tile"}, "amx_bf16"),
+    ],
+)
+def test_cpu_isa_is_the_widest_level_the_flags_allow(monkeypatch, flags, isa):
+    monkeypatch.setattr(devices, "cpu_flags", lambda: flags)
+    assert devices.cpu_isa() == isa
+
+
+def test_isa_caps_name_each_variable_that_caps(monkeypatch):
+    for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+    assert devices.isa_caps() == {}
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    monkeypatch.setenv(
+        "XLA_FLAGS", "--xla_cpu_max_isa=AVX2 --xla_force_host_platform_device_count=2"
+    )
+    assert devices.isa_caps() == {"ONEDNN_MAX_CPU_ISA": "AVX2", "xla_cpu_max_isa": "AVX2"}

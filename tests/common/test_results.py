@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from common import results
+from common import devices, results
 
 
 def make(**kw) -> results.Record:
@@ -118,6 +118,9 @@ def test_environment_metadata():
     versions, hardware = results.environment({"torch": "x"})
     assert versions["torch"] == "x" and "numpy" in versions and "python" in versions
     assert hardware["cpu"] and hardware["cpu_count"] >= 1
+    # the ISA and any cap on it: they change the kernels, so the timings and the rounding
+    assert hardware["cpu_isa"] == devices.cpu_isa()
+    assert hardware["isa_caps"] == devices.isa_caps()
 
 
 def test_git_commit_comes_from_the_environment_when_set(tmp_path, monkeypatch):

@@ -364,6 +364,30 @@ def test_newest_record_of_a_cell_wins(tmp_path):
     assert older[0].entry.rec is old and new.timestamp in older[0].reason
 
 
+def test_one_cpu_name_with_two_isas_is_two_machines(tmp_path):
+    """A VM's CPU name hides its ISA: an AVX2 and an AVX-512 'AMD EPYC' time differently, so
+    their records are not compared in one table; records made before `cpu_isa` stay a group."""
+    hw = fixture_records.HARDWARE
+    isas = [
+        {**hw, "cpu_isa": "avx2", "isa_caps": {}},
+        {**hw, "cpu_isa": "avx512_bf16", "isa_caps": {}},
+        {**hw, "cpu_isa": "avx512_bf16", "isa_caps": {"ONEDNN_MAX_CPU_ISA": "AVX2"}},
+        hw,
+    ]
+    path = tmp_path / "r.jsonl"
+    for i, hardware in enumerate(isas):
+        rec = fixture_records.lenet("torch", 1, 5.0 + i, 0.1, 0.8, 1.0, hardware=hardware)
+        results.append(rec, path)
+    data = report.load([str(path)])
+    assert [m.title for m in data.machines] == [
+        "1 virtual device on 2 CPU cores (Fixture CPU, AVX2), preset cpu",
+        "1 virtual device on 2 CPU cores (Fixture CPU, AVX512_BF16), preset cpu",
+        "1 virtual device on 2 CPU cores (Fixture CPU, AVX512_BF16 capped at AVX2), preset cpu",
+        "1 virtual device on 2 CPU cores (Fixture CPU), preset cpu",
+    ]
+    assert not data.superseded  # four groups, not one cell whose newest record wins
+
+
 def test_selected_preset_leaves_the_others_out(tmp_path):
     lines = []
     code = report.build([str(fixture_records.FIXTURE)], tmp_path, preset="smoke", echo=lines.append)

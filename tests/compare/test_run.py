@@ -23,7 +23,7 @@ BF16, COMPILED = ("--amp", "bf16"), ("--compile",)
 
 
 def test_plan_on_a_cpu_machine():
-    plan = run.make_plan(run.ALL, WORKLOADS, "auto", accelerators=0, avx512=True)
+    plan = run.make_plan(run.ALL, WORKLOADS, "auto", accelerators=0, cpu_bf16=True)
     assert (plan.platform, plan.preset) == ("cpu", "cpu")
     steps = described(plan.steps)
     assert len(steps) == 38
@@ -68,15 +68,23 @@ def test_plan_on_a_cpu_machine():
     assert all("needs CUDA" in why for *_, why in skipped)
 
 
-def test_mxnet_bf16_runs_need_an_avx512_cpu():
-    plan = run.make_plan(["mxnet"], ["resnet18"], "cpu", accelerators=0, avx512=False)
-    assert BF16 not in [s.flags for s in plan.steps] and len(plan.steps) == 3
-    assert [(s.strategy, s.flags) for s, _ in plan.skipped] == [("gluon", BF16), ("ceiling", BF16)]
-    assert all(why.startswith("needs an AVX-512 CPU") for _, why in plan.skipped)
+def test_bf16_runs_need_bf16_arithmetic():
+    plan = run.make_plan(run.ALL, ["resnet18"], "cpu", accelerators=0, cpu_bf16=False)
+    assert not [s for s in plan.steps if "bf16" in s.flags] and len(plan.steps) == 21 - 8
+    bf16 = [(s.framework, s.strategy, s.flags, why) for s, why in plan.skipped if "bf16" in s.flags]
+    assert [x[:3] for x in bf16] == [
+        ("torch", "ddp", BF16), ("torch", "ddp", COMPILED + BF16),
+        ("torch", "ceiling", BF16), ("torch", "ceiling", COMPILED + BF16),
+        ("jax", "sharding", BF16), ("jax", "ceiling", BF16),
+        ("mxnet", "gluon", BF16), ("mxnet", "ceiling", BF16),
+    ]  # fmt: skip
+    assert all(why.startswith("needs bf16 arithmetic: ") for *_, why in bf16[:6])
+    assert all(why.startswith("needs a CPU with bf16 arithmetic: ") for *_, why in bf16[6:])
+    assert all("measured" in why for *_, why in bf16)  # the reason, with its numbers
 
 
 def test_plan_on_a_two_gpu_machine():
-    plan = run.make_plan(run.ALL, WORKLOADS, "auto", accelerators=2, avx512=True)
+    plan = run.make_plan(run.ALL, WORKLOADS, "auto", accelerators=2, cpu_bf16=True)
     assert (plan.platform, plan.preset) == ("gpu", "full")
     assert len(plan.steps) == 39
     assert ("torch", "resnet18", 2, "dataparallel", ()) in described(plan.steps)
@@ -88,10 +96,12 @@ def test_plan_on_a_two_gpu_machine():
 def test_plan_on_a_one_gpu_machine_skips_two_device_runs_with_a_reason():
     plan = run.make_plan(run.ALL, WORKLOADS, "auto", accelerators=1)
     assert all(s.gpus == 1 for s in plan.steps)
-    # lenet x3; resnet18: torch ddp x4 + dataparallel x2, jax x3, mxnet x1; resnet50 (single)
-    # x3; ceilings: lenet x3, resnet18 x3 plain + torch x3 + jax x1
-    assert len(plan.steps) == 3 + 6 + 3 + 1 + 3 + 6 + 4
+    # lenet x3; resnet18: torch ddp x4 + dataparallel x2, jax x3, mxnet x1; resnet50 (single,
+    # and the sweep with both stages on the GPU) x3 x2; ceilings: lenet x3, resnet18 x3 plain +
+    # torch x3 + jax x1
+    assert len(plan.steps) == 3 + 6 + 3 + 1 + 6 + 6 + 4
     assert ("mxnet", "resnet50", 1, None, ()) in described(plan.steps)
+    assert ("torch", "resnet50", 1, None, ("--sweep",)) in described(plan.steps)
     two = [why for s, why in plan.skipped if s.gpus == 2]
     assert len(two) == 24 - 8
     assert all(why == "needs 2 GPUs; this machine has 1" for why in two)
@@ -185,9 +195,9 @@ results.append(results.Record(
 
 
 @pytest.fixture(autouse=True)
-def avx512_cpu(monkeypatch):
-    """The plan of run.main on a CPU with AVX-512 (MXNet's bf16 runs), on every machine."""
-    monkeypatch.setattr(run.devices, "cpu_has_avx512", lambda: True)
+def bf16_cpu(monkeypatch):
+    """The plan of run.main on a CPU with bf16 arithmetic (every bf16 run), on every machine."""
+    monkeypatch.setattr(run.devices, "cpu_has_bf16", lambda: True)
 
 
 def test_a_failing_run_does_not_stop_the_others(tmp_path):
@@ -277,6 +287,25 @@ def test_a_framework_setup_skipped_is_skipped_and_the_report_says_so(tmp_path):
     assert "mxnet was not set up on this machine: needs Python 3.10 or 3.11" in text
     md = (out / "report.md").read_text()
     assert "- mxnet was not set up on this machine: needs Python 3.10 or 3.11" in md
+    assert "mxnet lenet" not in md  # said once, by the line above
+
+
+def test_the_report_says_what_the_plan_left_out_and_why(tmp_path, monkeypatch):
+    monkeypatch.setattr(run.devices, "cpu_has_bf16", lambda: False)
+    venv, out = fake_venv(tmp_path), tmp_path / "reports"
+    code = run.main(
+        ["--frameworks", "torch", "jax", "--workloads", "lenet", "resnet18", "--platform", "cpu",
+         "--preset", "smoke", "--results", str(tmp_path / "r.jsonl"), "--out", str(out),
+         "--venv", str(venv)],
+        echo=[].append,
+    )  # fmt: skip
+    assert code == 1  # the fake resnet18 runs fail; the lenet ones make a report
+    md = (out / "report.md").read_text()
+    bf16 = [line for line in md.splitlines() if "needs bf16 arithmetic" in line]
+    assert len(bf16) == 1 and "measured slower than float32" in bf16[0]
+    assert bf16[0].startswith("- Not run on this machine (needs bf16 arithmetic: a GPU or a CPU")
+    assert bf16[0].count("--amp bf16") == 6  # torch x4, jax x2
+    assert "- Not run on this machine (needs CUDA: nn.DataParallel" in md
 
 
 def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path):
