@@ -48,8 +48,9 @@ class Run:
 BF16, COMPILED = ("--amp", "bf16"), ("--compile",)
 DP_CUDA = "nn.DataParallel without CUDA silently runs the plain module"
 BF16_WHY = (
-    "a GPU or a CPU with AVX512_BF16 or AMX; without them bf16 was measured slower than float32 "
-    "(ResNet-18 steps on a 2-core AVX2 CPU: torch 16-20x, JAX 1.2x; results/cpu-avx2-2core.jsonl)"
+    "a GPU or a CPU with AVX512_BF16 or AMX; without them bf16 did not pay in ResNet-18 steps "
+    "measured on a 2-core AVX2 CPU: torch 21x float32's time, JAX 0.72-1.19x in three pairs "
+    "(results/cpu-avx2-2core.jsonl)"
 )
 MX_BF16 = (
     "MXNet's bf16 kernels are oneDNN's, for CPUs only: they fail on AVX2, and emulated on AVX-512 "

@@ -302,7 +302,7 @@ def test_the_report_says_what_the_plan_left_out_and_why(tmp_path, monkeypatch):
     assert code == 1  # the fake resnet18 runs fail; the lenet ones make a report
     md = (out / "report.md").read_text()
     bf16 = [line for line in md.splitlines() if "needs bf16 arithmetic" in line]
-    assert len(bf16) == 1 and "measured slower than float32" in bf16[0]
+    assert len(bf16) == 1 and "did not pay in ResNet-18 steps measured" in bf16[0]
     assert bf16[0].startswith("- Not run on this machine (needs bf16 arithmetic: a GPU or a CPU")
     assert bf16[0].count("--amp bf16") == 6  # torch x4, jax x2
     assert "- Not run on this machine (needs CUDA: nn.DataParallel" in md
