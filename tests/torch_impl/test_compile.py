@@ -88,6 +88,7 @@ def test_compiled_ddp_smoke_run_is_recorded_compiled_with_compile_time_in_warm_u
     (rec,) = [json.loads(line) for line in path.read_text().splitlines()]
     assert rec["strategy"] == "ddp" and rec["extra"]["compiled"] is True
     assert rec["extra"]["amp"] == "off" and np.isfinite(rec["train_loss"]).all()
+    assert rec["extra"]["ddp_wrapper"] is False  # one rank: the plain module, nothing to reduce
     # Compilation is warm-up: the one warm-up step (one batch shape) compiled the graph; the
     # epoch's two timed steps compiled nothing.
     assert len(graphs) == 1 + 2 and graphs[0] > 0 and graphs[-1] == graphs[0], graphs

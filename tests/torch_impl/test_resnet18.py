@@ -124,6 +124,28 @@ def test_ddp_two_gloo_ranks_equal_one_device(tmp_path):
     numerics.check_same_math("torch resnet18 ddp 2 ranks vs 1 device", ddp, single)
 
 
+def _wrapped(rank, world, init_file, out):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    net = _bn_free_net()
+    wrapped = r18.ddp(net, torch.device("cpu"))
+    if rank == 0:
+        Path(out).write_text(type(wrapped).__name__ if wrapped is not net else "plain")
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(("world", "expected"), [(1, "plain"), (2, "DistributedDataParallel")])
+def test_ddp_wraps_the_module_only_when_there_is_something_to_all_reduce(tmp_path, world, expected):
+    """One rank trains the plain module (DDP's buckets and all-reduce would be pure overhead);
+    two ranks get DDP (test_ddp_two_gloo_ranks_equal_one_device checks its arithmetic)."""
+    out = tmp_path / "kind.txt"
+    torch.multiprocessing.spawn(
+        _wrapped, args=(world, str(tmp_path / "rdzv"), str(out)), nprocs=world, join=True
+    )
+    assert out.read_text() == expected
+
+
 def test_a_ranks_rows_come_from_one_host_to_device_copy():
     steps = [np.array([7, 1, 4, 0]), np.array([2, 9])]
     got = r18._rows(steps, 1, 2, torch.device("cpu"))
@@ -193,6 +215,7 @@ def test_smoke_ddp_end_to_end(smoke_ddp):
     assert "sec/epoch (extrapolated) on [2 x cpu (virtual)]" in out.stdout.splitlines()[-1]
     assert out.stdout.count("test acc:") == 1  # only rank 0 reports
     assert extra["compiled"] is False  # eager: --compile not given
+    assert extra["ddp_wrapper"] is True  # two ranks: DDP all-reduces their gradients
     assert rec["flops"]["achieved_tflops"] > 0 and rec["flops"]["fraction_of_peak"] is None
 
 
