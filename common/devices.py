@@ -90,7 +90,7 @@ _ISAS = (
     ("avx512", {"avx512f", "avx512bw", "avx512vl", "avx512dq"}),
     ("avx2", {"avx2", "fma"}),
 )
-# The variables that cap the ISA of oneDNN (torch; MXNet's older build) and XLA:CPU.
+# The variables that cap oneDNN's ISA (torch; MXNet's older build); XLA:CPU's cap is a flag.
 ISA_CAP_ENV = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
 
 
