@@ -385,8 +385,8 @@ def environment_text(rec: Record) -> str:
     gpu_text = (
         ", ".join(g.get("name", "?") if isinstance(g, dict) else str(g) for g in gpus) or "no GPU"
     )
-    cpu = hw.get("cpu") or "unknown CPU"
-    cpu += f", {isa_text(hw)}" if isa_text(hw) else ""
+    isa = isa_text(hw)
+    cpu = (hw.get("cpu") or "unknown CPU") + (f", {isa}" if isa else "")
     cores = f" ({hw['cpu_count']} cores)" if hw.get("cpu_count") else ""
     versions = rec.versions if isinstance(rec.versions, dict) else {}
     first = [rec.framework] if rec.framework in versions else []
