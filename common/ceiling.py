@@ -14,7 +14,9 @@ Framework-free: the command line, the checks, the timing loop and the record are
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
+import statistics
 import sys
 from collections.abc import Callable
 
@@ -99,22 +101,27 @@ def run(framework: str, main: Callable, argv: list[str] | None = None) -> int:
 
 
 def first_batch(cfg):
-    """(images NCHW float32, labels int64) of the first training batch, and an epoch's steps
-    (the batches of the preset's training set, the last partial one counted)."""
+    """(images NCHW float32, labels int64) of the first training batch."""
     fm = data.load()
     x_train, y_train = data.subset(fm.train_images, fm.train_labels, cfg.train_subset, cfg.seed)
-    order = data.batches(len(y_train), cfg.batch_size, cfg.seed, 0)
-    idx = order[0]
-    return data.to_float(x_train[idx]), y_train[idx].astype("int64"), len(order)
+    idx = data.batches(len(y_train), cfg.batch_size, cfg.seed, 0)[0]
+    return data.to_float(x_train[idx]), y_train[idx].astype("int64")
+
+
+def epoch_steps(cfg) -> int:
+    """An epoch's steps: the batches of the preset's training set, the last partial one counted."""
+    return -(-data.train_size(cfg.train_subset) // cfg.batch_size)
 
 
 def counts(args, cfg) -> tuple[int, int, int]:
     """(warm-up steps, steps per repeat, repeats): the command line's, else the preset's; never
     more steps per repeat than a bounded training epoch times (resnet18's cpu preset)."""
     bounded = getattr(cfg, "steps_per_epoch", None) or STEPS[cfg.preset]
-    steps = args.steps if args.steps is not None else min(STEPS[cfg.preset], bounded)
-    warmup = args.warmup if args.warmup is not None else WARMUP[cfg.preset]
-    return warmup, steps, args.repeats if args.repeats is not None else REPEATS[cfg.preset]
+    # A training run's --ceiling has no --steps, --warmup or --repeats: the preset's.
+    asked = {k: getattr(args, k, None) for k in ("steps", "warmup", "repeats")}
+    steps = asked["steps"] if asked["steps"] is not None else min(STEPS[cfg.preset], bounded)
+    warmup = asked["warmup"] if asked["warmup"] is not None else WARMUP[cfg.preset]
+    return warmup, steps, asked["repeats"] if asked["repeats"] is not None else REPEATS[cfg.preset]
 
 
 def measure(step: Callable, state, sync: Callable, warmup: int, steps: int, repeats: int):
@@ -128,6 +135,51 @@ def measure(step: Callable, state, sync: Callable, warmup: int, steps: int, repe
             for _ in range(n):
                 last[0] = step(last[0])
     return timer
+
+
+class Paired:
+    """The ceiling inside a training run (`--ceiling`): after each epoch, one timed repeat of the
+    framework's ceiling step, the first preceded by its untimed warm-up. Each epoch is set
+    against the repeat beside it: on a shared machine whose speed drifts by tens of percent over
+    minutes, a ceiling run apart from the training run measured another machine state."""
+
+    def __init__(self, step: Callable, state, sync: Callable, warmup: int, steps: int):
+        self.step, self.last, self.warmup, self.steps = step, [state], warmup, steps
+        self.timer = timing.Timer(lambda: sync(self.last[0]), warmup=1)
+
+    def repeat(self) -> None:
+        for n in ([self.warmup] if not self.timer.warmup_times else []) + [self.steps]:
+            with self.timer.region():
+                for _ in range(n):
+                    self.last[0] = self.step(self.last[0])
+
+    def fields(self, sec_per_epoch: list[float], steps_per_epoch: int) -> dict:
+        """The record's `extra.ceiling`: the ceiling per epoch, and x ceiling = the median of
+        (epoch's sec/epoch / its repeat's, the same steps_per_epoch)."""
+        per_step = [t / self.steps for t in self.timer.times]
+        timed = zip(sec_per_epoch[: len(per_step)], per_step, strict=True)  # not a diverged epoch
+        ratios = [t / (s * steps_per_epoch) for t, s in timed]
+        return {
+            "sec_per_epoch": timing.summarize([s * steps_per_epoch for s in per_step]).to_dict(),
+            "s_per_step": statistics.median(per_step),
+            "x_ceiling": statistics.median(ratios),
+            "steps_timed": self.steps,
+            "repeats": len(per_step),
+            "warmup_steps": self.warmup,
+            "warmup_seconds": self.timer.warmup_seconds,
+            "measures": MEASURES + "; one repeat after each epoch of the training run",
+        }
+
+
+def paired(framework: str, args, cfg, device) -> Paired | None:
+    """--ceiling: the framework's ceiling step (`<framework>_impl.ceiling.build`) on the training
+    run's device, to be timed beside its epochs; None without --ceiling."""
+    if not getattr(args, "ceiling", False):
+        return None
+    module = importlib.import_module(f"{framework}_impl.ceiling")
+    step, state, sync = module.build(args, cfg, device)
+    warmup, steps, _ = counts(args, cfg)
+    return Paired(step, state, sync, warmup, steps)
 
 
 def record_fields(

@@ -70,6 +70,11 @@ def parser(framework: str) -> argparse.ArgumentParser:
         help="torch resnet18 and resnet50 single: torch.compile the model (compiled in warm-up)",
     )
     p.add_argument(
+        "--ceiling",
+        action="store_true",
+        help="lenet, resnet18 on 1 device: also time the framework's ceiling after each epoch",
+    )
+    p.add_argument(
         "--nnodes", type=whole_number, default=None, help="torch resnet18 ddp: machines in the run"
     )
     p.add_argument(
@@ -149,6 +154,19 @@ def check_amp(framework: str, args: argparse.Namespace, platform: str) -> None:
         raise config.ConfigError(
             "MXNet 1.9's bf16 kernels are oneDNN's, for the CPU: on a GPU use --amp off"
         )
+
+
+def check_ceiling(args: argparse.Namespace, n_devices: int) -> None:
+    """--ceiling times the framework's ceiling (common/ceiling.py) inside the run: one device."""
+    if not getattr(args, "ceiling", False):
+        return
+    if args.workload == "resnet50":
+        raise config.ConfigError(
+            "--ceiling covers lenet and resnet18 (resnet50's repeats are a tight loop already)"
+        )
+    processes = os.environ.get("JAX_NUM_PROCESSES", "1").strip() not in ("", "1")
+    if n_devices != 1 or getattr(args, "nnodes", None) or args.strategy == "dist" or processes:
+        raise config.ConfigError("--ceiling runs in one process on one device: drop it")
 
 
 def bf16_note(framework: str, args: argparse.Namespace, platform: str) -> str | None:
@@ -233,6 +251,7 @@ def run(
         cfg = config_of(args)  # bad settings fail before a framework is imported
         check_compile(framework, args, plan.count)
         check_amp(framework, args, plan.platform)
+        check_ceiling(args, plan.count)
         check_nodes(framework, args)
         results.check_writable(args.results)  # before hours of training, not after
         if before_import is not None:
@@ -265,6 +284,8 @@ def run(
 def make_record(framework, args, plan, cfg, device_names, framework_versions, **fields):
     """A results record with the run's settings, environment and commit filled in."""
     versions, hardware = results.environment(framework_versions)
+    if "ceiling" in fields:  # --ceiling: measured in this run (training.EpochLog.record_fields)
+        fields["extra"] = {**fields.get("extra", {}), "ceiling": fields.pop("ceiling")}
     if args.workload in ("lenet", "resnet18"):  # which copy of Fashion-MNIST the run read
         fields["extra"] = {**fields.get("extra", {}), "data_dir": str(data.find_dir())}
     if framework == "torch":  # eager, or compiled (--compile): JAX and MXNet always compile

@@ -37,10 +37,13 @@ class EpochLog:
     """Per-epoch loss, accuracy and time; prints d2l's line for each epoch (unless `quiet`: the
     other ranks of a multi-process run). `full_steps` is an epoch's length: an epoch that ran
     fewer steps has its time extrapolated to it (the `cpu` preset's bounded epochs). An epoch
-    whose loss is not finite sets `diverged` (its number): the loop stops there."""
+    whose loss is not finite sets `diverged` (its number): the loop stops there. `ceiling`
+    (common.ceiling.Paired, --ceiling) times a repeat of the framework's ceiling step after
+    each epoch is logged, so every loop gets it without a line of its own."""
 
-    def __init__(self, epochs: int, full_steps: int, quiet: bool = False):
+    def __init__(self, epochs: int, full_steps: int, quiet: bool = False, ceiling=None):
         self.epochs, self.full_steps, self.quiet = epochs, full_steps, quiet
+        self.ceiling = ceiling
         self.train_loss: list[float] = []
         self.test_acc: list[float] = []
         self.sec_per_epoch: list[float] = []
@@ -64,14 +67,17 @@ class EpochLog:
                 f"test acc {test_acc:.4f}, {self.sec_per_epoch[-1]:.2f} s/epoch",
                 flush=True,
             )
+        if self.ceiling is not None and self.diverged is None:
+            self.ceiling.repeat()
 
     @property
     def extrapolated(self) -> bool:
         return any(n != self.full_steps for n in self.timed_steps)
 
     def record_fields(self, warmup_seconds: float) -> dict:
-        """The results.Record fields this log fills."""
-        return {
+        """The results.Record fields this log fills; with a ceiling, `ceiling` too (which
+        common.cli.make_record puts in the record's extra)."""
+        fields = {
             "epochs": len(self.train_loss),
             "sec_per_epoch": timing.summarize(self.sec_per_epoch).to_dict(),
             "warmup_seconds": warmup_seconds,
@@ -83,3 +89,6 @@ class EpochLog:
             "steps_timed": self.timed_steps[-1] if self.extrapolated else None,
             "diverged_at_epoch": self.diverged,
         }
+        if self.ceiling is not None and self.ceiling.timer.times:
+            fields["ceiling"] = self.ceiling.fields(self.sec_per_epoch, self.full_steps)
+        return fields

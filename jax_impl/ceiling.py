@@ -45,20 +45,27 @@ def resnet18_step(cfg, x, y, amp, compiled):
     return (lambda state: step(state, x, y)), state
 
 
-def main(args, plan, cfg):
-    # One device: no host device count to set before jax's import (jax_impl/__main__.py);
-    # PLATFORM=cpu on a GPU machine takes the CPU device (the GPU backend starts, unused).
-    device = jdev.get_devices(plan)[0]
-    images, labels, steps_per_epoch = ceiling.first_batch(cfg)
+def build(args, cfg, device):
+    """(step, state, sync) of the workload's ceiling on `device`, on the first training batch;
+    also what a training run's --ceiling times beside its epochs (common.ceiling.paired)."""
+    images, labels = ceiling.first_batch(cfg)
     if args.workload == "lenet":
         x, y = jax.device_put((images, labels.astype("int32")), device)
         step, state = lenet_step(cfg, x, y)
     else:  # flax is NHWC: the images are transposed once, as resnet18._to_device does
         x, y = jax.device_put((images.transpose(0, 2, 3, 1), labels.astype("int32")), device)
         step, state = resnet18_step(cfg, x, y, args.amp == "bf16", args.compile)
+    return step, state, jdev.sync
+
+
+def main(args, plan, cfg):
+    # One device: no host device count to set before jax's import (jax_impl/__main__.py);
+    # PLATFORM=cpu on a GPU machine takes the CPU device (the GPU backend starts, unused).
+    device = jdev.get_devices(plan)[0]
+    step, state, sync = build(args, cfg, device)
     warmup, steps, repeats = ceiling.counts(args, cfg)
-    timer = ceiling.measure(step, state, jdev.sync, warmup, steps, repeats)
-    fields = ceiling.record_fields(timer, cfg, args.amp, warmup, steps, steps_per_epoch)
+    timer = ceiling.measure(step, state, sync, warmup, steps, repeats)
+    fields = ceiling.record_fields(timer, cfg, args.amp, warmup, steps, ceiling.epoch_steps(cfg))
     names, versions = jdev.device_names([device]), jdev.versions()
     rec = cli.make_record(FRAMEWORK, args, plan, cfg, names, versions, **fields)
     ceiling.save(rec, args.results, plan)

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from common import cli, config, data, timing, training, weights
+from common import ceiling, cli, config, data, timing, training, weights
 from jax_impl import devices as jdev
 
 FRAMEWORK, STRATEGY = "jax", "scratch"
@@ -123,7 +123,7 @@ def evaluate(device_params, X, y, devices, batch_size):
     return correct / len(y)
 
 
-def train(cfg, devices, train_data, test_data, no_progress=False):
+def train(cfg, devices, train_data, test_data, no_progress=False, probe=None):
     """d2l's train(num_gpus, batch_size, lr). Returns the device parameters, EpochLog, timer."""
     X, y = train_data
     params = init_params(cfg.init_std, cfg.seed)
@@ -138,7 +138,7 @@ def train(cfg, devices, train_data, test_data, no_progress=False):
         for idx in data.warmup_batches(order):
             _, loss = train_batch(*_take(X, y, idx), scratch, devices, cfg.lr)
             pending = _add(jnp.zeros((), device=devices[0]), loss)  # the epoch's sum compiles
-    log = training.EpochLog(cfg.epochs, len(order))
+    log = training.EpochLog(cfg.epochs, len(order), ceiling=probe)  # probe: --ceiling
     for epoch in range(cfg.epochs):
         batches = data.batches(len(y), cfg.batch_size, cfg.seed, epoch)
         total = jnp.zeros((), device=devices[0])
@@ -174,7 +174,8 @@ def main(args, plan, cfg) -> None:
             data.subset(fm.test_images, fm.test_labels, cfg.test_subset, cfg.seed),
         )
     )
-    _, log, timer = train(cfg, devices, train_data, test_data, args.no_progress)
+    probe = ceiling.paired(FRAMEWORK, args, cfg, devices[0])  # --ceiling
+    _, log, timer = train(cfg, devices, train_data, test_data, args.no_progress, probe)
     rec = cli.make_record(
         FRAMEWORK,
         args,

@@ -39,7 +39,18 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from common import cli, config, data, devices, processes, timing, training, utilization, weights
+from common import (
+    ceiling,
+    cli,
+    config,
+    data,
+    devices,
+    processes,
+    timing,
+    training,
+    utilization,
+    weights,
+)
 from jax_impl import devices as jdev
 from jax_impl import weights as jweights
 
@@ -226,9 +237,9 @@ def sharding(net, optimizer, devs):
     return place, step, jax.jit(correct)
 
 
-def train(net, cfg, ds, devs, strategy, sampler=None, no_progress=False):
+def train(net, cfg, ds, devs, strategy, sampler=None, no_progress=False, probe=None):
     """d2l's train loop on preloaded, device-resident arrays. In several processes each runs
-    this with its own devices; the program spans all of them."""
+    this with its own devices; the program spans all of them. `probe`: --ceiling."""
     n = len(devs)
     optimizer = make_optimizer(cfg.lr)
     place, step, correct = (sharding if strategy == "sharding" else pmap)(net, optimizer, devs)
@@ -240,7 +251,8 @@ def train(net, cfg, ds, devs, strategy, sampler=None, no_progress=False):
     sampler = sampler or utilization.Sampler("cpu_time")
     timer = timing.Timer(lambda: jdev.sync(state), warmup=1)
     first = data.batches(len(ds[1]), cfg.batch_size, cfg.seed, 0)
-    log = training.EpochLog(cfg.epochs, len(first), quiet=jax.process_index() != 0)
+    quiet = jax.process_index() != 0
+    log = training.EpochLog(cfg.epochs, len(first), quiet=quiet, ceiling=probe)
     # Warm-up apart from the epochs (compilation): one step of each batch shape the epochs will
     # use, on a throwaway copy of the initial state, so every epoch is timed whole.
     state = place(initial)
@@ -355,7 +367,8 @@ def main(args, plan, cfg):
     dtype = jnp.bfloat16 if args.amp == "bf16" else jnp.float32  # JAX's bf16: the model's dtype
     net = resnet18(axis_name=AXIS if strategy == "pmap" else None, dtype=dtype)
     with utilization.sampler_for(plan.platform, plan.count) as sampler:
-        log, timer = train(net, cfg, ds, devs, strategy, sampler, args.no_progress)
+        probe = ceiling.paired(FRAMEWORK, args, cfg, devs[0])  # --ceiling
+        log, timer = train(net, cfg, ds, devs, strategy, sampler, args.no_progress, probe)
     usage = sampler.result()
     if plan.platform == "gpu":
         mine = [d for d in devs if d.process_index == jax.process_index()]

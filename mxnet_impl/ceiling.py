@@ -44,18 +44,25 @@ def resnet18_step(cfg, x, y, amp, compiled):
     return (lambda _: resnet18.train_step(net, trainer, [x], [y], len(y))), None
 
 
-def main(args, plan, cfg):
-    device = mdev.get_devices(plan)[0]
-    images, labels, steps_per_epoch = ceiling.first_batch(cfg)
+def build(args, cfg, device):
+    """(step, state, sync) of the workload's ceiling on `device`, on the first training batch;
+    also what a training run's --ceiling times beside its epochs (common.ceiling.paired)."""
+    images, labels = ceiling.first_batch(cfg)
     if args.workload == "lenet":  # MXNet's lenet takes float labels (nd.pick)
         x, y = nd.array(images, ctx=device), nd.array(labels.astype("float32"), ctx=device)
         step, state = lenet_step(cfg, x, y)
     else:
         x, y = nd.array(images, ctx=device), nd.array(labels, ctx=device, dtype="int32")
         step, state = resnet18_step(cfg, x, y, args.amp == "bf16", args.compile)
+    return step, state, mdev.sync
+
+
+def main(args, plan, cfg):
+    device = mdev.get_devices(plan)[0]
+    step, state, sync = build(args, cfg, device)
     warmup, steps, repeats = ceiling.counts(args, cfg)
-    timer = ceiling.measure(step, state, mdev.sync, warmup, steps, repeats)
-    fields = ceiling.record_fields(timer, cfg, args.amp, warmup, steps, steps_per_epoch)
+    timer = ceiling.measure(step, state, sync, warmup, steps, repeats)
+    fields = ceiling.record_fields(timer, cfg, args.amp, warmup, steps, ceiling.epoch_steps(cfg))
     names, versions = mdev.device_names([device]), mdev.versions()
     rec = cli.make_record(FRAMEWORK, args, plan, cfg, names, versions, **fields)
     ceiling.save(rec, args.results, plan)

@@ -8,7 +8,7 @@ applies the same SGD step. Side by side with torch_impl/lenet.py and jax_impl/le
 import numpy as np
 from mxnet import autograd, gluon, nd
 
-from common import cli, config, data, timing, training, weights
+from common import ceiling, cli, config, data, timing, training, weights
 from mxnet_impl import devices as mdev
 
 FRAMEWORK, STRATEGY = "mxnet", "scratch"
@@ -107,7 +107,7 @@ def evaluate(device_params, X, y, devices, batch_size):
     return correct / len(y)
 
 
-def train(cfg, devices, train_data, test_data, no_progress=False):
+def train(cfg, devices, train_data, test_data, no_progress=False, probe=None):
     """d2l's train(num_gpus, batch_size, lr). Returns the device parameters, EpochLog, timer."""
     X, y = train_data
     params = init_params(cfg.init_std, cfg.seed)
@@ -121,7 +121,7 @@ def train(cfg, devices, train_data, test_data, no_progress=False):
         for idx in data.warmup_batches(order):
             idx = nd.array(idx, ctx=X.context, dtype="int64")
             train_batch(X.take(idx), y.take(idx), scratch, devices, cfg.lr)
-    log = training.EpochLog(cfg.epochs, len(order))
+    log = training.EpochLog(cfg.epochs, len(order), ceiling=probe)  # probe: --ceiling
     for epoch in range(cfg.epochs):
         batches = data.batches(len(y), cfg.batch_size, cfg.seed, epoch)
         total = nd.zeros((1,), ctx=devices[0])
@@ -158,7 +158,8 @@ def main(args, plan, cfg) -> None:
             data.subset(fm.test_images, fm.test_labels, cfg.test_subset, cfg.seed),
         )
     )
-    _, log, timer = train(cfg, devices, train_data, test_data, args.no_progress)
+    probe = ceiling.paired(FRAMEWORK, args, cfg, devices[0])  # --ceiling
+    _, log, timer = train(cfg, devices, train_data, test_data, args.no_progress, probe)
     rec = cli.make_record(
         FRAMEWORK,
         args,

@@ -25,7 +25,18 @@ import numpy as np
 from mxnet import autograd, nd
 from mxnet.gluon import nn
 
-from common import cli, config, data, devices, processes, timing, training, utilization, weights
+from common import (
+    ceiling,
+    cli,
+    config,
+    data,
+    devices,
+    processes,
+    timing,
+    training,
+    utilization,
+    weights,
+)
 from mxnet_impl import devices as mdev
 from mxnet_impl import launch
 from mxnet_impl import weights as mweights
@@ -231,8 +242,9 @@ def dist(net, ctxs, kv):
     return split
 
 
-def train(net, cfg, ds, devs, strategy, sampler=None, no_progress=False, kv=None):
-    """d2l's train loop on preloaded arrays (on the first context); `kv`: dist's kvstore."""
+def train(net, cfg, ds, devs, strategy, sampler=None, no_progress=False, kv=None, probe=None):
+    """d2l's train loop on preloaded arrays (on the first context); `kv`: dist's kvstore;
+    `probe`: --ceiling."""
     init_weights(net, cfg.init_std, cfg.seed, devs[:1])
     split = dist(net, devs, kv) if strategy == "dist" else gluon(net, devs)
     net.hybridize()
@@ -241,7 +253,8 @@ def train(net, cfg, ds, devs, strategy, sampler=None, no_progress=False, kv=None
     sampler = sampler or utilization.Sampler("cpu_time")
     timer = timing.Timer(mdev.sync, warmup=1)
     first = data.batches(len(ds[1]), cfg.batch_size, cfg.seed, 0)
-    log = training.EpochLog(cfg.epochs, len(first), quiet=kv is not None and kv.rank != 0)
+    quiet = kv is not None and kv.rank != 0
+    log = training.EpochLog(cfg.epochs, len(first), quiet=quiet, ceiling=probe)
     # Warm-up apart from the epochs (graph building, memory planning): one step of each batch
     # shape the epochs will use, then the initial weights are set again (on every context, and
     # in the kvstore), so every epoch is timed whole.
@@ -313,7 +326,10 @@ def main(args, plan, cfg):
     kv, ctxs = _join(plan) if strategy == "dist" else (None, mdev.get_devices(plan))
     ds = data.load_subsets(cfg.train_subset, cfg.test_subset, cfg.seed)
     with utilization.sampler_for(plan.platform, len(ctxs)) as sampler:
-        log, timer = train(resnet18(), cfg, ds, ctxs, strategy, sampler, args.no_progress, kv)
+        probe = ceiling.paired(FRAMEWORK, args, cfg, ctxs[0])  # --ceiling
+        log, timer = train(
+            resnet18(), cfg, ds, ctxs, strategy, sampler, args.no_progress, kv, probe
+        )
     names, extra = mdev.device_names(ctxs), {**sampler.result(), "amp": args.amp}
     if kv is not None:
         if kv.rank != 0:  # worker 0 records the run; the others end as it does

@@ -44,17 +44,24 @@ def resnet18_step(cfg, x, y, amp, compiled):
     return (lambda _: resnet18.train_step(net, optimizer, x, y, amp)), None
 
 
-def main(args, plan, cfg):
-    device = tdev.get_devices(plan)[0]
-    images, labels, steps_per_epoch = ceiling.first_batch(cfg)
+def build(args, cfg, device):
+    """(step, state, sync) of the workload's ceiling on `device`, on the first training batch;
+    also what a training run's --ceiling times beside its epochs (common.ceiling.paired)."""
+    images, labels = ceiling.first_batch(cfg)
     x, y = torch.from_numpy(images).to(device), torch.from_numpy(labels).to(device)
     if args.workload == "lenet":
         step, state = lenet_step(cfg, x, y)
     else:
         step, state = resnet18_step(cfg, x, y, args.amp == "bf16", args.compile)
+    return step, state, lambda _: tdev.sync([device])
+
+
+def main(args, plan, cfg):
+    device = tdev.get_devices(plan)[0]
+    step, state, sync = build(args, cfg, device)
     warmup, steps, repeats = ceiling.counts(args, cfg)
-    timer = ceiling.measure(step, state, lambda _: tdev.sync([device]), warmup, steps, repeats)
-    fields = ceiling.record_fields(timer, cfg, args.amp, warmup, steps, steps_per_epoch)
+    timer = ceiling.measure(step, state, sync, warmup, steps, repeats)
+    fields = ceiling.record_fields(timer, cfg, args.amp, warmup, steps, ceiling.epoch_steps(cfg))
     fields["extra"]["omp_num_threads"] = torch.get_num_threads()
     names, versions = tdev.device_names([device]), tdev.versions()
     rec = cli.make_record(FRAMEWORK, args, plan, cfg, names, versions, **fields)

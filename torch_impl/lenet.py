@@ -9,7 +9,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from common import cli, config, data, timing, training, weights
+from common import ceiling, cli, config, data, timing, training, weights
 from torch_impl import devices as tdev
 
 FRAMEWORK, STRATEGY = "torch", "scratch"
@@ -102,7 +102,7 @@ def evaluate(device_params, X, y, devices, batch_size):
     return correct / len(y)
 
 
-def train(cfg, devices, train_data, test_data, no_progress=False):
+def train(cfg, devices, train_data, test_data, no_progress=False, probe=None):
     """d2l's train(num_gpus, batch_size, lr). Returns the device parameters, EpochLog, timer."""
     X, y = train_data
     params = init_params(cfg.init_std, cfg.seed)
@@ -116,7 +116,7 @@ def train(cfg, devices, train_data, test_data, no_progress=False):
         for idx in data.warmup_batches(order):
             idx = torch.from_numpy(idx).to(X.device)
             train_batch(X[idx], y[idx], scratch, devices, cfg.lr)
-    log = training.EpochLog(cfg.epochs, len(order))
+    log = training.EpochLog(cfg.epochs, len(order), ceiling=probe)  # probe: --ceiling
     for epoch in range(cfg.epochs):
         batches = data.batches(len(y), cfg.batch_size, cfg.seed, epoch)
         total = torch.zeros((), device=devices[0])
@@ -153,7 +153,8 @@ def main(args, plan, cfg) -> None:
             data.subset(fm.test_images, fm.test_labels, cfg.test_subset, cfg.seed),
         )
     )
-    _, log, timer = train(cfg, devices, train_data, test_data, args.no_progress)
+    probe = ceiling.paired(FRAMEWORK, args, cfg, devices[0])  # --ceiling
+    _, log, timer = train(cfg, devices, train_data, test_data, args.no_progress, probe)
     rec = cli.make_record(
         FRAMEWORK,
         args,

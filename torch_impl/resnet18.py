@@ -24,12 +24,11 @@ through torch_impl/torchrun.py):
       --rdzv-endpoint=HOST:29500 --rdzv-id=multidevice \
       --rdzv-conf=is_host=true,join_timeout=360,read_timeout=360 -m torch_impl.resnet18 ...
 
-(is_host=false on the other nodes). torch's own waits end in tracebacks, and a client of a port
-that another program holds waits forever (torch 2.15), so node 0 checks first that the port is
-free, and every node waits at most `--rdzv-timeout` seconds for the rendezvous (torch's timeouts
-are 60 s later): a busy port or a missing node ends in one line and exit 2. Ctrl-C stops the
-node's torchrun and workers (exit 130, "interrupted; no record written"); the other nodes then
-fail (torch's tracebacks for the lost peer, then a line of their own).
+(is_host=false on the other nodes). torch's waits end in tracebacks, and a client of a busy port
+waits forever (torch 2.15): node 0 checks that the port is free, every node waits at most
+`--rdzv-timeout` s (torch's are 60 s later); a busy port or a missing node: one line, exit 2.
+Ctrl-C stops the node's torchrun and workers (exit 130, "interrupted; no record written"); the
+other nodes then fail (tracebacks for the lost peer, then a line of their own).
 """
 
 from __future__ import annotations
@@ -46,7 +45,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from common import cli, config, data, devices, timing, training, utilization, weights
+from common import ceiling, cli, config, data, devices, timing, training, utilization, weights
 from torch_impl import devices as tdev
 from torch_impl import launch
 
@@ -193,11 +192,13 @@ def ddp(net, device):
     )
 
 
-def train(net, cfg, ds, devs, strategy, sampler=None, no_progress=False, amp=False, compiled=False):
+def train(
+    net, cfg, ds, devs, strategy, sampler=None, no_progress=False, amp=False, compiled=False,
+    probe=None,
+):  # fmt: skip
     """d2l's train loop on preloaded arrays. Under DDP each process runs this for its rank.
     `amp`: torch's bf16 is an autocast context around each step (JAX's is the model's dtype).
-    `compiled` (--compile): torch.compile, torch's counterpart of JAX's jit and Gluon's
-    hybridize."""
+    `compiled`: torch.compile (--compile; JAX's jit, Gluon's hybridize); `probe`: --ceiling."""
     rank, world = (dist.get_rank(), dist.get_world_size()) if strategy == "ddp" else (0, 1)
     device = devs[0]
     if compiled:
@@ -211,7 +212,7 @@ def train(net, cfg, ds, devs, strategy, sampler=None, no_progress=False, amp=Fal
     sampler = sampler or utilization.Sampler("cpu_time")
     timer = timing.Timer(lambda: tdev.sync([device]), warmup=1)
     first = data.batches(len(y_train), cfg.batch_size, cfg.seed, 0)
-    log = training.EpochLog(cfg.epochs, len(first), quiet=rank != 0)
+    log = training.EpochLog(cfg.epochs, len(first), quiet=rank != 0, ceiling=probe)
     # Warm-up apart from the epochs (compilation, cuDNN autotuning, allocator): one step of each
     # batch shape the epochs will use, then the initial weights are restored, so every epoch is
     # timed whole.
@@ -321,7 +322,7 @@ def _run(args, plan, cfg, strategy, devs):
     with utilization.sampler_for(plan.platform, local if rank == 0 else 0) as sampler:
         log, timer = train(
             net, cfg, ds, devs, strategy, sampler, args.no_progress, args.amp == "bf16",
-            args.compile,
+            args.compile, ceiling.paired(FRAMEWORK, args, cfg, devs[0]),  # --ceiling
         )  # fmt: skip
     usage = _gather_usage(sampler.result(), devs, plan.platform == "gpu", strategy)
     if rank != 0:
@@ -372,7 +373,7 @@ def _worker_argv(args):
     for flag, value in overrides:
         if value is not None:
             argv += [flag, str(value)]
-    argv += ["--compile"] if args.compile else []
+    argv += [flag for flag, on in (("--compile", args.compile), ("--ceiling", args.ceiling)) if on]
     return argv + (["--no-progress"] if args.no_progress else [])
 
 
