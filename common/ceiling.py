@@ -143,9 +143,9 @@ class Paired:
     against the repeat beside it: on a shared machine whose speed drifts by tens of percent over
     minutes, a ceiling run apart from the training run measured another machine state."""
 
-    def __init__(self, step: Callable, state, sync: Callable, warmup: int, steps: int):
+    def __init__(self, step: Callable, state, sync: Callable, warmup: int, steps: int, **clock):
         self.step, self.last, self.warmup, self.steps = step, [state], warmup, steps
-        self.timer = timing.Timer(lambda: sync(self.last[0]), warmup=1)
+        self.timer = timing.Timer(lambda: sync(self.last[0]), warmup=1, **clock)  # tests: clock=
 
     def repeat(self) -> None:
         for n in ([self.warmup] if not self.timer.warmup_times else []) + [self.steps]:

@@ -22,6 +22,11 @@ ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ("results/gpu-h100.jsonl", "results/cpu-2core.jsonl")  # relative to ROOT
 BEGIN = "<!-- reference-results:begin (`make readme-tables` writes this part from the records) -->"
 END = "<!-- reference-results:end -->"
+CEILING_NOTE = (
+    "ceiling: the framework's own tight-loop step of the same model on one device (`make "
+    "ceiling`), per epoch; x ceiling = sec/epoch (1 dev) / ceiling sec/epoch, or, for a run "
+    "that timed its ceiling after each epoch (`--ceiling`), the median of its epochs' ratios."
+)
 DIFFERS = "the reference tables differ from the records; run `make readme-tables`"
 
 
@@ -109,14 +114,6 @@ def busy(e: Entry | None) -> str | None:
     return f"{tables.fmt_percent(e.rec.extra.get('utilization'))}%"
 
 
-def ceiling_of(e: Entry | None, ceilings: list[Entry]) -> Entry | None:
-    """The ceiling record of a 1-device training record's framework and tier, if measured."""
-    if e is None:
-        return None
-    same = [c for c in ceilings if c.rec.framework == e.rec.framework]
-    return next((c for c in same if ceiling.tier(c) == ceiling.tier(e)), None)
-
-
 def dp_table(workload: str, entries: list[Entry], ceilings: list[Entry] = ()) -> Table:
     """lenet, resnet18: test accuracy, sec/epoch on every device count, speedup, GPU busy, and
     where a ceiling was measured, the 1-device run against it (compare/ceiling.py)."""
@@ -128,10 +125,11 @@ def dp_table(workload: str, entries: list[Entry], ceilings: list[Entry] = ()) ->
     multi = [n for n in counts if n > 1]
     headers += [f"speedup ({n} dev)" for n in multi]
     headers += [f"GPU busy ({n} dev)" for n in with_busy]
-    if ceilings:
+    tops = [ceiling.of(row.cells.get(1), ceilings) for row in rows]
+    if any(tops):
         headers += ["ceiling sec/epoch", "x ceiling (1 dev)"]
     body = []
-    for row in rows:
+    for row, c in zip(rows, tops, strict=True):
         found = [row.cells.get(n) for n in counts]
         cells = [f"{row.framework} {row.label}"]
         cells.append(" / ".join(tables.fmt_acc(tables.acc_of(e)) for e in found))
@@ -140,8 +138,7 @@ def dp_table(workload: str, entries: list[Entry], ceilings: list[Entry] = ()) ->
             s = row.speedup(n)
             cells.append(tables.fmt_speedup(s and s[0], row.extrapolated(1, n)))
         cells += [busy(row.cells.get(n)) or DASH for n in with_busy]
-        if ceilings:
-            c = ceiling_of(row.cells.get(1), ceilings)
+        if any(tops):
             x = c and ceiling.ratio(row.cells.get(1), c)
             cells += [tables.time_cell(c), DASH if x is None else f"{x:.2f}x"]
         body.append(cells)
@@ -150,11 +147,8 @@ def dp_table(workload: str, entries: list[Entry], ceilings: list[Entry] = ()) ->
         notes.append(f"{STAR} extrapolated: the epoch time is projected from the timed steps.")
     if with_busy:
         notes.append("GPU busy: mean NVML utilisation over the timed epochs.")
-    if ceilings:
-        notes.append(
-            "ceiling: the framework's own tight-loop step of the same model on one device "
-            "(`make ceiling`), per epoch; x ceiling = sec/epoch (1 dev) / ceiling sec/epoch."
-        )
+    if any(tops):
+        notes.append(CEILING_NOTE)
     if any(e.diverged for e in entries):
         notes.append(tables.DIVERGED_NOTE)
     return Table(workload, headers, body, notes)

@@ -25,7 +25,9 @@ from compare.stream import stream
 
 ROOT = Path(__file__).resolve().parents[1]
 ALL = ("torch", "jax", "mxnet")
-CEILING = "ceiling"  # a Run of the ceiling benchmark (common/ceiling.py), not a strategy
+# Every 1-device run of these times its framework's ceiling after each epoch, in the same process
+# (--ceiling, common/ceiling.py), for the report's x ceiling.
+CEILING_WORKLOADS = ("lenet", "resnet18")
 
 
 @dataclass(frozen=True)
@@ -85,14 +87,6 @@ RUNS: tuple[Run, ...] = (
         "the 2-device runs cannot run: at least the single-device time"),
     Run("resnet50", 1,    ALL,         None,           ("--sweep",), "1gpu",
         "the 2-device sweep cannot run: the split sizes with both stages on the one GPU"),
-    # the framework's own tight-loop step on one device, for the report's x ceiling: one per
-    # precision and compiled tier of the training runs above
-    Run("lenet",    1,    ALL,         CEILING),
-    Run("resnet18", 1,    ALL,         CEILING),
-    Run("resnet18", 1,    ("torch", "jax"), CEILING,   BF16,        "bf16",   BF16_WHY),
-    Run("resnet18", 1,    ("torch",),  CEILING,        COMPILED),
-    Run("resnet18", 1,    ("torch",),  CEILING,        COMPILED + BF16, "bf16", BF16_WHY),
-    Run("resnet18", 1,    ("mxnet",),  CEILING,        BF16,        "cpu-bf16", MX_BF16),
 )
 # fmt: on
 
@@ -112,14 +106,12 @@ class Step:
     flags: tuple[str, ...]
 
     def args(self, platform: str, preset: str, results: str) -> list[str]:
-        if self.strategy == CEILING:  # its own command: python -m <framework>_impl.ceiling
-            argv = ["-m", f"{self.framework}_impl.ceiling", "--workload", self.workload]
-            argv += ["--platform", platform, "--preset", preset]
-            return [*argv, *self.flags, "--results", results, "--no-progress"]
         argv = ["-m", f"{self.framework}_impl", "--workload", self.workload]
         argv += ["--gpus", str(self.gpus), "--platform", platform, "--preset", preset]
         if self.strategy:
             argv += ["--strategy", self.strategy]
+        if self.gpus == 1 and self.workload in CEILING_WORKLOADS:
+            argv += ["--ceiling"]
         return [*argv, *self.flags, "--results", results, "--no-progress"]
 
     def describe(self) -> str:

@@ -3,7 +3,7 @@ measurement; the timing loop's step counts and the record's arithmetic."""
 
 import pytest
 
-from common import ceiling, config, timing
+from common import ceiling, config, timing, training
 
 
 def refuse(*args, **kwargs):
@@ -78,3 +78,51 @@ def test_steps_default_to_the_preset_and_never_exceed_a_bounded_epoch():
     assert ceiling.counts(args, config.get_config("lenet", "cpu")) == (2, 20, 3)
     args = ceiling.parser("torch").parse_args(["--workload", "lenet", "--steps", "7"])
     assert ceiling.counts(args, config.get_config("lenet", "smoke")) == (1, 7, 2)
+
+
+class Clock:
+    """A clock that each step of the ceiling advances by `per_step[epoch]` seconds."""
+
+    def __init__(self):
+        self.now, self.per_step = 0.0, 1.0
+
+    def __call__(self):
+        return self.now
+
+    def step(self, state):
+        self.now += self.per_step
+        return state + 1
+
+
+def test_a_training_run_pairs_each_epoch_with_a_ceiling_repeat_beside_it():
+    clock = Clock()
+    probe = ceiling.Paired(clock.step, 0, lambda _: None, warmup=2, steps=4, clock=clock)
+    log = training.EpochLog(epochs=3, full_steps=10, quiet=True, ceiling=probe)
+    # The machine drifts (steps of 4, 1 and 2 s); the epochs are 1.1, 1.2 and 1.3x the pace of
+    # the repeat beside them.
+    for epoch, (pace, x) in enumerate(((4.0, 1.1), (1.0, 1.2), (2.0, 1.3))):
+        clock.per_step = pace
+        log.add(1.0, 0.5, seconds=x * pace * 5, steps=5, images=5 * 64)
+        assert len(probe.timer.times) == epoch + 1 and probe.last == [2 + 4 * (epoch + 1)]
+    assert probe.timer.warmup_times == [8.0]  # once, before the first repeat, untimed
+    c = log.record_fields(warmup_seconds=0.0)["ceiling"]
+    # paired: the median of 1.1, 1.2, 1.3; the medians' ratio (26 / 20 = 1.3) would mix states
+    assert c["x_ceiling"] == pytest.approx(1.2)
+    assert c["sec_per_epoch"]["median"] == 20.0 and c["s_per_step"] == 2.0
+    assert (c["repeats"], c["steps_timed"], c["warmup_steps"]) == (3, 4, 2)
+
+
+def test_a_diverged_epoch_gets_no_repeat_and_no_ratio():
+    clock = Clock()
+    probe = ceiling.Paired(clock.step, 0, lambda _: None, warmup=1, steps=2, clock=clock)
+    log = training.EpochLog(epochs=3, full_steps=4, quiet=True, ceiling=probe)
+    log.add(1.0, 0.5, seconds=8.0, steps=4, images=4)
+    log.add(float("nan"), 0.1, seconds=8.0, steps=4, images=4)
+    assert log.diverged == 2 and len(probe.timer.times) == 1
+    assert log.record_fields(0.0)["ceiling"]["x_ceiling"] == 2.0
+
+
+def test_without_a_probe_the_record_has_no_ceiling():
+    log = training.EpochLog(epochs=1, full_steps=4, quiet=True)
+    log.add(1.0, 0.5, seconds=8.0, steps=4, images=4)
+    assert "ceiling" not in log.record_fields(0.0)

@@ -133,3 +133,40 @@ def test_the_sec_per_epoch_plot_marks_each_one_device_bar_with_its_ceiling(tmp_p
     lines = [c for c in drawn[0].collections if c.get_gid() == "ceiling"]
     heights = sorted(seg[0][1] for c in lines for seg in c.get_segments())
     assert heights == [200.0, 200.0, 240.0]
+
+
+def in_run(median, x_ceiling):
+    """A training record's extra.ceiling as common.ceiling.Paired writes it (3 epochs)."""
+    return {
+        "sec_per_epoch": fx.stats(median, 0.0, 3), "s_per_step": median / 235,
+        "x_ceiling": x_ceiling, "steps_timed": 20, "repeats": 3, "warmup_steps": 2,
+    }  # fmt: skip
+
+
+def test_a_ceiling_measured_in_the_run_is_the_one_its_record_is_set_against(tmp_path):
+    # x ceiling 1.30 (the median of the epochs' ratios) where the medians' ratio is 10 / 8
+    torch = fx.lenet("torch", 1, 10.0, 0.5, 0.812, 6000.0, extra={"ceiling": in_run(8.0, 1.3)})
+    mxnet = fx.lenet("mxnet", 1, 12.0, 0.6, 0.79, 5000.0, extra={"ceiling": {"x_ceiling": 2}})
+    two = fx.lenet("torch", 2, 5.0, 0.25, 0.805, 12000.0, extra={"ceiling": in_run(1.0, 9.0)})
+    apart = ceiling("torch", "lenet", 5.0, extra={"compiled": False})  # its run is paired: unused
+    path = tmp_path / "results" / "r.jsonl"
+    path.parent.mkdir()
+    for rec in (torch, mxnet, two, apart):
+        results.append(rec, path)
+    assert report.build([str(path)], tmp_path / "out", echo=[].append) == 0
+    rows = ceiling_rows((tmp_path / "out" / "report.md").read_text(), "lenet")
+    assert list(rows) == [("torch", "scratch")]  # mxnet's ceiling is malformed: none
+    row = rows[("torch", "scratch")]
+    assert (row["x ceiling"], row["measured"]) == ("1.30x", "in the run")
+    assert row["ceiling sec/epoch"] == "8.00 ± 0.00 s* (n=3)"
+    from compare import readme
+
+    text = readme.fragment(("results/r.jsonl",), tmp_path)
+    assert (
+        "| 10.0 ± 0.5 s (n=3) | 5.00 ± 0.25 s (n=3) | 2.00x | 8.00 ± 0.00 s* (n=3) | 1.30x |"
+        in (text)
+    )
+    group = report.load([str(path)]).machines[0]
+    assert compare_ceiling.sec_per_epoch(group.entries, group.ceilings, "lenet") == {
+        ("torch", "scratch"): 8.0
+    }

@@ -26,7 +26,7 @@ def test_plan_on_a_cpu_machine():
     plan = run.make_plan(run.ALL, WORKLOADS, "auto", accelerators=0, cpu_bf16=True)
     assert (plan.platform, plan.preset) == ("cpu", "cpu")
     steps = described(plan.steps)
-    assert len(steps) == 38
+    assert len(steps) == 27
     assert steps[:2] == [("torch", "lenet", 1, None, ()), ("torch", "lenet", 2, None, ())]
     assert [s for s in steps if s[1] == "resnet18"] == [
         ("torch", "resnet18", 1, "ddp", ()),
@@ -34,22 +34,14 @@ def test_plan_on_a_cpu_machine():
         ("torch", "resnet18", 1, "ddp", BF16),  # the faster paths, on one device
         ("torch", "resnet18", 1, "ddp", COMPILED),
         ("torch", "resnet18", 1, "ddp", COMPILED + BF16),
-        ("torch", "resnet18", 1, "ceiling", ()),  # right after its training runs
-        ("torch", "resnet18", 1, "ceiling", BF16),  # one per precision and compiled tier
-        ("torch", "resnet18", 1, "ceiling", COMPILED),
-        ("torch", "resnet18", 1, "ceiling", COMPILED + BF16),
         ("jax", "resnet18", 1, "sharding", ()),
         ("jax", "resnet18", 2, "sharding", ()),
         ("jax", "resnet18", 1, "sharding", BF16),
         ("jax", "resnet18", 1, "pmap", ()),
         ("jax", "resnet18", 2, "pmap", ()),
-        ("jax", "resnet18", 1, "ceiling", ()),
-        ("jax", "resnet18", 1, "ceiling", BF16),
         ("mxnet", "resnet18", 1, "gluon", ()),
         ("mxnet", "resnet18", 2, "gluon", ()),
         ("mxnet", "resnet18", 1, "gluon", BF16),
-        ("mxnet", "resnet18", 1, "ceiling", ()),
-        ("mxnet", "resnet18", 1, "ceiling", BF16),
     ]
     assert [s for s in steps if s[0] == "torch" and s[1] == "resnet50"] == [
         ("torch", "resnet50", 2, None, ()),
@@ -70,36 +62,33 @@ def test_plan_on_a_cpu_machine():
 
 def test_bf16_runs_need_bf16_arithmetic():
     plan = run.make_plan(run.ALL, ["resnet18"], "cpu", accelerators=0, cpu_bf16=False)
-    assert not [s for s in plan.steps if "bf16" in s.flags] and len(plan.steps) == 21 - 8
+    assert not [s for s in plan.steps if "bf16" in s.flags] and len(plan.steps) == 13 - 4
     bf16 = [(s.framework, s.strategy, s.flags, why) for s, why in plan.skipped if "bf16" in s.flags]
     assert [x[:3] for x in bf16] == [
-        ("torch", "ddp", BF16), ("torch", "ddp", COMPILED + BF16),
-        ("torch", "ceiling", BF16), ("torch", "ceiling", COMPILED + BF16),
-        ("jax", "sharding", BF16), ("jax", "ceiling", BF16),
-        ("mxnet", "gluon", BF16), ("mxnet", "ceiling", BF16),
+        ("torch", "ddp", BF16), ("torch", "ddp", COMPILED + BF16), ("jax", "sharding", BF16),
+        ("mxnet", "gluon", BF16),
     ]  # fmt: skip
-    assert all(why.startswith("needs bf16 arithmetic: ") for *_, why in bf16[:6])
-    assert all(why.startswith("needs a CPU with bf16 arithmetic: ") for *_, why in bf16[6:])
+    assert all(why.startswith("needs bf16 arithmetic: ") for *_, why in bf16[:3])
+    assert all(why.startswith("needs a CPU with bf16 arithmetic: ") for *_, why in bf16[3:])
     assert all("measured" in why for *_, why in bf16)  # the reason, with its numbers
 
 
 def test_plan_on_a_two_gpu_machine():
     plan = run.make_plan(run.ALL, WORKLOADS, "auto", accelerators=2, cpu_bf16=True)
     assert (plan.platform, plan.preset) == ("gpu", "full")
-    assert len(plan.steps) == 39
+    assert len(plan.steps) == 29
     assert ("torch", "resnet18", 2, "dataparallel", ()) in described(plan.steps)
     assert ("torch", "resnet18", 1, "dataparallel", COMPILED) in described(plan.steps)
-    # MXNet's bf16 is for CPUs: its two runs are the only ones left out
-    assert [(s.framework, s.flags) for s, _ in plan.skipped] == [("mxnet", BF16)] * 2
+    # MXNet's bf16 is for CPUs: its run is the only one left out
+    assert [(s.framework, s.flags) for s, _ in plan.skipped] == [("mxnet", BF16)]
 
 
 def test_plan_on_a_one_gpu_machine_skips_two_device_runs_with_a_reason():
     plan = run.make_plan(run.ALL, WORKLOADS, "auto", accelerators=1)
     assert all(s.gpus == 1 for s in plan.steps)
     # lenet x3; resnet18: torch ddp x4 + dataparallel x2, jax x3, mxnet x1; resnet50 (single,
-    # and the sweep with both stages on the GPU) x3 x2; ceilings: lenet x3, resnet18 x3 plain +
-    # torch x3 + jax x1
-    assert len(plan.steps) == 3 + 6 + 3 + 1 + 6 + 6 + 4
+    # and the sweep with both stages on the GPU) x3 x2
+    assert len(plan.steps) == 3 + 6 + 3 + 1 + 6
     assert ("mxnet", "resnet50", 1, None, ()) in described(plan.steps)
     assert ("torch", "resnet50", 1, None, ("--sweep",)) in described(plan.steps)
     two = [why for s, why in plan.skipped if s.gpus == 2]
@@ -113,7 +102,6 @@ def test_plan_forced_cpu_and_preset():
     assert described(plan.steps) == [
         ("jax", "lenet", 1, None, ()),
         ("jax", "lenet", 2, None, ()),
-        ("jax", "lenet", 1, "ceiling", ()),
     ]
 
 
@@ -139,11 +127,14 @@ def test_step_command_line():
         "-m", "torch_impl", "--workload", "resnet50", "--gpus", "2", "--platform", "cpu",
         "--preset", "smoke", "--strategy", "gpipe", "--results", "/r.jsonl", "--no-progress",
     ]  # fmt: skip
-    ceiling = Step("jax", "lenet", 1, "ceiling", ()).args("cpu", "cpu", "/r.jsonl")
-    assert ceiling == [
-        "-m", "jax_impl.ceiling", "--workload", "lenet", "--platform", "cpu", "--preset", "cpu",
-        "--results", "/r.jsonl", "--no-progress",
+    # one device (lenet, resnet18): the framework's ceiling timed in the same run
+    one = Step("jax", "lenet", 1, None, ()).args("cpu", "cpu", "/r.jsonl")
+    assert one == [
+        "-m", "jax_impl", "--workload", "lenet", "--gpus", "1", "--platform", "cpu", "--preset",
+        "cpu", "--ceiling", "--results", "/r.jsonl", "--no-progress",
     ]  # fmt: skip
+    assert "--ceiling" not in Step("jax", "lenet", 2, None, ()).args("cpu", "cpu", "/r.jsonl")
+    assert "--ceiling" not in Step("jax", "resnet50", 1, None, ()).args("gpu", "full", "r")
     sweep = Step("mxnet", "resnet50", 2, None, ("--sweep",)).args("gpu", "full", "r")
     assert "--strategy" not in sweep and sweep[-4:] == [
         "--sweep",
@@ -166,30 +157,32 @@ def fake_venv(tmp_path: Path, frameworks=run.ALL) -> Path:
     return venv
 
 
-# Stands in for `python -m <fw>_impl` (and `<fw>_impl.ceiling`): resnet18 fails, lenet appends
-# a smoke-preset record (a ceiling: 3.2 s/epoch, so 4 s of training is 1.25x its ceiling).
+# Stands in for `python -m <fw>_impl`: resnet18 fails, lenet appends a smoke-preset record; with
+# --ceiling, one whose ceiling in the run took 3.2 s/epoch, so 4 s of training is 1.25x it.
 FAKE_IMPL = """
 import argparse, sys
 from common import results
-framework, _, ceiling = sys.argv[2].partition("_impl")
+framework = sys.argv[2].partition("_impl")[0]
 p = argparse.ArgumentParser()
 for name in ("--workload", "--platform", "--preset", "--strategy", "--results"):
     p.add_argument(name)
 p.add_argument("--gpus", default="1")
 p.add_argument("--no-progress", action="store_true")
+p.add_argument("--ceiling", action="store_true")
 args = p.parse_known_args(sys.argv[3:])[0]  # --amp, --compile, --sweep: not needed here
 print(f"fake {framework} {args.workload} on {args.gpus}", flush=True)
 if args.workload == "resnet18":
     print("Traceback: something broke", file=sys.stderr)
     print(f"boom in {framework} resnet18", file=sys.stderr)
     sys.exit(1)
-n, t = int(args.gpus), 3.2 if ceiling else 4.0 / int(args.gpus)
+n, t = int(args.gpus), 4.0 / int(args.gpus)
+stats = lambda t: {"median": t, "mean": t, "std": 0.0, "min": t, "max": t, "n": 1}
+ceiling = {"sec_per_epoch": stats(3.2), "s_per_step": 0.8, "x_ceiling": 1.25, "repeats": 1}
 results.append(results.Record(
-    framework=framework, workload=args.workload, strategy="ceiling" if ceiling else "scratch",
+    framework=framework, workload=args.workload, strategy="scratch",
     devices=n, platform=args.platform, virtual=True, device_names=["cpu"] * n,
-    preset=args.preset, batch_size=256, lr=0.2, epochs=1, test_acc=None if ceiling else 0.8,
-    sec_per_epoch={"median": t, "mean": t, "std": 0.0, "min": 1, "max": 1, "n": 1},
-    extrapolated=bool(ceiling), extra={"s_per_step": t / 4, "repeats": 1} if ceiling else {},
+    preset=args.preset, batch_size=256, lr=0.2, epochs=1, test_acc=0.8,
+    sec_per_epoch=stats(t), extra={"ceiling": ceiling} if args.ceiling else {},
 ), args.results)
 """
 
@@ -216,11 +209,11 @@ def test_a_failing_run_does_not_stop_the_others(tmp_path):
         runner=runner, echo=lines.append,
     )  # fmt: skip
     assert code == 1
-    assert len(calls) == 38  # every step ran
+    assert len(calls) == 27  # every step ran
     text = "\n".join(lines)
-    assert "17 of 38 run(s) ok, 21 failed, 0 not run, 3 skipped on this machine" in text
+    assert "14 of 27 run(s) ok, 13 failed, 0 not run, 3 skipped on this machine" in text
     assert "FAILED (exit 1)" in text and "ValueError: broken" in text
-    assert "[38/38] ok in" in text
+    assert "[27/27] ok in" in text
 
 
 def test_end_to_end_with_fake_environments(tmp_path, capsys):
@@ -237,11 +230,11 @@ def test_end_to_end_with_fake_environments(tmp_path, capsys):
     assert "    | fake jax lenet on 2" in text  # the child's output, streamed
     assert "boom in torch resnet18" in text.split("== summary")[1]  # stderr tail in the summary
     assert re.search(r"NOT RUN  mxnet lenet .*: no environment .*make setup FRAMEWORK=mxnet", text)
-    assert "6 of 30 run(s) ok, 16 failed, 8 not run, 3 skipped on this machine" in text
+    assert "4 of 19 run(s) ok, 10 failed, 5 not run, 3 skipped on this machine" in text
     md = (out / "report.md").read_text()
     assert "| torch | scratch | cpu (virtual) | smoke | 0.800 | 4.00 ± 0.00 s (n=1) |" in md
     assert "| 2.00x | 100% |" in md
-    # the ceilings ran beside the training: training 4.00 s over ceiling 3.20 s
+    # the ceilings ran in the training runs: training 4.00 s, 1.25x its ceiling's 3.20 s
     assert "| torch | scratch | 4.00 ± 0.00 s (n=1) | 3.20 ± 0.00 s* (n=1) |" in md
     assert md.count("| 1.25x |") == 2  # torch and jax
     assert "No resnet18 records in this group." in md
@@ -261,7 +254,7 @@ def test_one_interpreter_for_every_framework(tmp_path):
     text = "\n".join(lines)
     assert f"   1. {python} -m torch_impl --workload lenet" in text
     assert "    | fake jax lenet on 2" in text
-    assert "6 of 6 run(s) ok, 0 failed, 0 not run, 0 skipped on this machine" in text
+    assert "4 of 4 run(s) ok, 0 failed, 0 not run, 0 skipped on this machine" in text
     code = run.main(
         ["--frameworks", "jax", "--workloads", "lenet", "--platform", "cpu", "--preset", "smoke",
          "--results", str(tmp_path / "r.jsonl"), "--out", str(tmp_path), "--python", "nopython3"],
@@ -283,7 +276,7 @@ def test_a_framework_setup_skipped_is_skipped_and_the_report_says_so(tmp_path):
     assert code == 0  # every run planned for the frameworks set up ran
     text = "\n".join(lines)
     assert "skip: mxnet lenet on 1 device(s), default strategies: not set up: needs" in text
-    assert "6 of 6 run(s) ok, 0 failed, 0 not run, 3 skipped on this machine" in text
+    assert "4 of 4 run(s) ok, 0 failed, 0 not run, 2 skipped on this machine" in text
     assert "mxnet was not set up on this machine: needs Python 3.10 or 3.11" in text
     md = (out / "report.md").read_text()
     assert "- mxnet was not set up on this machine: needs Python 3.10 or 3.11" in md
@@ -304,7 +297,7 @@ def test_the_report_says_what_the_plan_left_out_and_why(tmp_path, monkeypatch):
     bf16 = [line for line in md.splitlines() if "needs bf16 arithmetic" in line]
     assert len(bf16) == 1 and "did not pay in ResNet-18 steps measured" in bf16[0]
     assert bf16[0].startswith("- Not run on this machine (needs bf16 arithmetic: a GPU or a CPU")
-    assert bf16[0].count("--amp bf16") == 6  # torch x4, jax x2
+    assert bf16[0].count("--amp bf16") == 3  # torch x2, jax x1
     assert "- Not run on this machine (needs CUDA: nn.DataParallel" in md
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from mxnet_impl import ceiling
+from mxnet_impl import ceiling, lenet
 from tests.fixtures import ceiling_checks
 
 
@@ -17,3 +17,7 @@ def test_resnet18_ceiling_runs_the_workload_step(tmp_path):
     extra = ["--steps", "1", "--repeats", "1", "--warmup", "1"]
     rec = ceiling_checks.run("mxnet", ceiling.main, "resnet18", tmp_path, *extra)
     ceiling_checks.check(rec, "mxnet", "resnet18", steps=1, repeats=1)
+
+
+def test_a_training_run_times_its_ceiling_after_each_epoch(tmp_path):
+    ceiling_checks.check_in_run("mxnet", lenet, tmp_path)

@@ -3,7 +3,7 @@
 import pytest
 
 from tests.fixtures import ceiling_checks
-from torch_impl import ceiling
+from torch_impl import ceiling, lenet
 
 
 def test_lenet_ceiling_writes_one_ceiling_record(tmp_path, capsys):
@@ -17,3 +17,7 @@ def test_resnet18_ceiling_runs_the_workload_step(tmp_path):
     extra = ["--steps", "1", "--repeats", "1", "--warmup", "1"]
     rec = ceiling_checks.run("torch", ceiling.main, "resnet18", tmp_path, *extra)
     ceiling_checks.check(rec, "torch", "resnet18", steps=1, repeats=1)
+
+
+def test_a_training_run_times_its_ceiling_after_each_epoch(tmp_path):
+    ceiling_checks.check_in_run("torch", lenet, tmp_path)
