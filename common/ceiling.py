@@ -163,6 +163,7 @@ class Paired:
             "sec_per_epoch": timing.summarize([s * steps_per_epoch for s in per_step]).to_dict(),
             "s_per_step": statistics.median(per_step),
             "x_ceiling": statistics.median(ratios),
+            "ratios": ratios,  # per epoch, in order
             "steps_timed": self.steps,
             "repeats": len(per_step),
             "warmup_steps": self.warmup,

@@ -117,7 +117,7 @@ def ceiling_table(workload: str, entries: list[Entry], ceilings: list[Entry], en
         body.append(
             [
                 c.rec.framework,
-                training.label if training else DASH,
+                training.label if training else f"{DASH} ({tier(c)})" if tier(c) else DASH,
                 time_cell(training),
                 time_cell(c),
                 fmt_step(c.rec.extra.get("s_per_step"), steps),

@@ -19,7 +19,11 @@ from compare.render import markdown_table
 from compare.tables import DASH, STAR, Table
 
 ROOT = Path(__file__).resolve().parents[1]
-REFERENCE = ("results/gpu-h100.jsonl", "results/cpu-2core.jsonl")  # relative to ROOT
+REFERENCE = (  # relative to ROOT
+    "results/gpu-h100.jsonl",
+    "results/cpu-2core.jsonl",
+    "results/cpu-avx2-2core.jsonl",
+)
 BEGIN = "<!-- reference-results:begin (`make readme-tables` writes this part from the records) -->"
 END = "<!-- reference-results:end -->"
 CEILING_NOTE = (

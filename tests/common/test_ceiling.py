@@ -108,6 +108,7 @@ def test_a_training_run_pairs_each_epoch_with_a_ceiling_repeat_beside_it():
     c = log.record_fields(warmup_seconds=0.0)["ceiling"]
     # paired: the median of 1.1, 1.2, 1.3; the medians' ratio (26 / 20 = 1.3) would mix states
     assert c["x_ceiling"] == pytest.approx(1.2)
+    assert c["ratios"] == pytest.approx([1.1, 1.2, 1.3])
     assert c["sec_per_epoch"]["median"] == 20.0 and c["s_per_step"] == 2.0
     assert (c["repeats"], c["steps_timed"], c["warmup_steps"]) == (3, 4, 2)
 

@@ -43,6 +43,7 @@ CEILINGS = [
     ceiling("jax", "resnet18", 200.0),  # sharding 0.75x, pmap 0.80x
     ceiling("mxnet", "resnet18", 100.0),  # no mxnet resnet18 training: a dash
     ceiling("torch", "lenet", 1.0, preset="smoke"),  # no smoke training record: left out
+    ceiling("jax", "resnet18", 90.0, extra={"amp": "bf16"}),  # no bf16 training: its tier shown
 ]
 
 
@@ -78,6 +79,7 @@ def test_resnet18_matches_the_tier_and_every_strategy(built):
         ("torch", "ddp"),
         ("jax", "sharding"),
         ("jax", "pmap"),
+        ("jax", "– (+bf16)"),
         ("mxnet", "–"),
     ]
     assert rows[("torch", "ddp")]["x ceiling"] == "1.25x"  # 300 / 240; not the compiled row
