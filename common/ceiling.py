@@ -18,6 +18,7 @@ import importlib
 import os
 import statistics
 import sys
+import time
 from collections.abc import Callable
 
 from common import cli, config, data, devices, results, timing
@@ -108,7 +109,7 @@ def first_batch(cfg):
     return data.to_float(x_train[idx]), y_train[idx].astype("int64")
 
 
-def epoch_steps(cfg) -> int:
+def _epoch_steps(cfg) -> int:
     """An epoch's steps: the batches of the preset's training set, the last partial one counted."""
     return -(-data.train_size(cfg.train_subset) // cfg.batch_size)
 
@@ -143,9 +144,9 @@ class Paired:
     against the repeat beside it: on a shared machine whose speed drifts by tens of percent over
     minutes, a ceiling run apart from the training run measured another machine state."""
 
-    def __init__(self, step: Callable, state, sync: Callable, warmup: int, steps: int, **clock):
+    def __init__(self, step, state, sync, warmup: int, steps: int, clock=time.perf_counter):
         self.step, self.last, self.warmup, self.steps = step, [state], warmup, steps
-        self.timer = timing.Timer(lambda: sync(self.last[0]), warmup=1, **clock)  # tests: clock=
+        self.timer = timing.Timer(lambda: sync(self.last[0]), warmup=1, clock=clock)
 
     def repeat(self) -> None:
         for n in ([self.warmup] if not self.timer.warmup_times else []) + [self.steps]:
@@ -183,10 +184,9 @@ def paired(framework: str, args, cfg, device) -> Paired | None:
     return Paired(step, state, sync, warmup, steps)
 
 
-def record_fields(
-    timer: timing.Timer, cfg, amp: str, warmup: int, steps: int, steps_per_epoch: int
-):
+def record_fields(timer: timing.Timer, cfg, amp: str, warmup: int, steps: int):
     """The Record fields of a ceiling: sec_per_epoch = seconds per step x an epoch's steps."""
+    steps_per_epoch = _epoch_steps(cfg)
     per_step = [t / steps for t in timer.times]
     s_per_step = timing.summarize(per_step).median
     extra = {

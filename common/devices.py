@@ -125,7 +125,7 @@ def cpu_has_bf16() -> bool:
         cap = os.environ.get(name, "").upper()
         if cap and not cap.startswith(_BF16_ISAS):
             return False
-    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+    return cpu_isa() in ("amx_bf16", "avx512_bf16")
 
 
 def plan(gpus: int, platform: str = "auto", accelerators: int | None = None) -> DevicePlan:

@@ -61,7 +61,7 @@ def main(args, plan, cfg):
     step, state, sync = build(args, cfg, device)
     warmup, steps, repeats = ceiling.counts(args, cfg)
     timer = ceiling.measure(step, state, sync, warmup, steps, repeats)
-    fields = ceiling.record_fields(timer, cfg, args.amp, warmup, steps, ceiling.epoch_steps(cfg))
+    fields = ceiling.record_fields(timer, cfg, args.amp, warmup, steps)
     fields["extra"]["omp_num_threads"] = torch.get_num_threads()
     names, versions = tdev.device_names([device]), tdev.versions()
     rec = cli.make_record(FRAMEWORK, args, plan, cfg, names, versions, **fields)

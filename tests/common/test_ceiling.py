@@ -59,7 +59,7 @@ def test_record_fields_project_the_step_to_an_epoch():
     timer.times = [3.0, 6.0, 4.5]  # seconds per repeat of 3 steps: 1, 2, 1.5 s per step
     timer.warmup_times = [9.0]
     cfg = config.get_config("lenet", "cpu")
-    fields = ceiling.record_fields(timer, cfg, "off", 2, 3, 235)
+    fields = ceiling.record_fields(timer, cfg, "off", 2, 3)  # 235 steps per epoch
     x = fields["extra"]
     assert (x["s_per_step"], x["s_per_epoch"], x["repeats"]) == (1.5, 1.5 * 235, 3)
     assert fields["sec_per_epoch"]["median"] == 1.5 * 235 and fields["sec_per_epoch"]["n"] == 3
