@@ -3,8 +3,8 @@
 
 Every workload of every framework, in that framework's environment
 (`.venv/<fw>/bin/python -m <fw>_impl ...`; `--python P`: one interpreter for all), on 1 and 2
-devices with the strategies that run on this machine (the table RUNS below), at the preset that
-fits the machine; then the report.
+devices with the strategies that run on this machine (the table RUNS in compare/plan.py), at
+the preset that fits the machine; then the report.
 A failed run is reported at the end with the last lines of its stderr, and the others still run;
 the exit code is 0 only if everything planned ran.
 """
@@ -21,164 +21,10 @@ from pathlib import Path
 
 from common import config, devices
 from common.results import ResultsError, check_writable
+from compare.plan import ALL, Plan, PlanError, Step, make_plan, select
 from compare.stream import stream
 
 ROOT = Path(__file__).resolve().parents[1]
-ALL = ("torch", "jax", "mxnet")
-# Every 1-device run of these times its framework's ceiling after each epoch, in the same process
-# (--ceiling, common/ceiling.py), for the report's x ceiling.
-CEILING_WORKLOADS = ("lenet", "resnet18")
-
-
-@dataclass(frozen=True)
-class Run:
-    workload: str
-    gpus: int
-    frameworks: tuple[str, ...]
-    strategy: str | None  # None: the framework's default
-    flags: tuple[str, ...] = ()
-    # "cuda": platform gpu only; "1gpu": only with exactly one GPU; "bf16": a GPU or a CPU with
-    # bf16 arithmetic (devices.cpu_has_bf16); "cpu-bf16": such a CPU, never a GPU
-    needs: str | None = None
-    why: str = ""
-
-
-# The run list. On a machine with fewer accelerators than `gpus`, a row is skipped with a reason.
-# Each framework's plain path (float32; torch eager) runs on 1 and 2 devices; beside it on one
-# device, its faster paths, labelled in the report: bf16 in all three and torch compiled. bf16
-# runs where it can pay: with bf16 arithmetic (BF16_WHY says what was measured without it).
-BF16, COMPILED = ("--amp", "bf16"), ("--compile",)
-DP_CUDA = "nn.DataParallel without CUDA silently runs the plain module"
-BF16_WHY = (
-    "a GPU or a CPU with AVX512_BF16 or AMX; without them bf16 did not pay in ResNet-18 steps "
-    "measured on a 2-core AVX2 CPU: torch 21x float32's time, JAX 0.72-1.19x in three pairs "
-    "(results/cpu-avx2-2core.jsonl)"
-)
-MX_BF16 = (
-    "MXNet's bf16 kernels are oneDNN's, for CPUs only: they fail on AVX2, and emulated on AVX-512 "
-    "without AVX512_BF16 they were measured 2.6x slower than float32 (docs/design.md, Traps)"
-)
-# fmt: off
-RUNS: tuple[Run, ...] = (
-    #   workload    gpus  frameworks   strategy        flags        needs
-    Run("lenet",    1,    ALL,         None),
-    Run("lenet",    2,    ALL,         None),
-    Run("resnet18", 1,    ("torch",),  "ddp"),
-    Run("resnet18", 2,    ("torch",),  "ddp"),
-    Run("resnet18", 1,    ("torch",),  "ddp",          BF16,        "bf16",   BF16_WHY),
-    Run("resnet18", 1,    ("torch",),  "ddp",          COMPILED),
-    Run("resnet18", 1,    ("torch",),  "ddp",          COMPILED + BF16, "bf16", BF16_WHY),
-    Run("resnet18", 1,    ("torch",),  "dataparallel", (),          "cuda",   DP_CUDA),
-    Run("resnet18", 2,    ("torch",),  "dataparallel", (),          "cuda",   DP_CUDA),
-    Run("resnet18", 1,    ("torch",),  "dataparallel", COMPILED,    "cuda",   DP_CUDA),
-    Run("resnet18", 1,    ("jax",),    "sharding"),
-    Run("resnet18", 2,    ("jax",),    "sharding"),
-    Run("resnet18", 1,    ("jax",),    "sharding",     BF16,        "bf16",   BF16_WHY),
-    Run("resnet18", 1,    ("jax",),    "pmap"),
-    Run("resnet18", 2,    ("jax",),    "pmap"),
-    Run("resnet18", 1,    ("mxnet",),  "gluon"),
-    Run("resnet18", 2,    ("mxnet",),  "gluon"),
-    Run("resnet18", 1,    ("mxnet",),  "gluon",        BF16,        "cpu-bf16", MX_BF16),
-    Run("resnet50", 2,    ALL,         None),          # single, model_parallel, pipeline
-    Run("resnet50", 2,    ALL,         None,           ("--sweep",)),  # split_size sweep
-    Run("resnet50", 2,    ("torch",),  "gpipe"),
-    Run("resnet50", 2,    ("torch",),  "1f1b"),
-    Run("resnet50", 1,    ALL,         None,           (),          "1gpu",
-        "the 2-device runs cannot run: at least the single-device time"),
-    Run("resnet50", 1,    ALL,         None,           ("--sweep",), "1gpu",
-        "the 2-device sweep cannot run: the split sizes with both stages on the one GPU"),
-)
-# fmt: on
-
-
-class PlanError(ValueError):
-    """An impossible request: one line for the user."""
-
-
-@dataclass(frozen=True)
-class Step:
-    """One command of the plan."""
-
-    framework: str
-    workload: str
-    gpus: int
-    strategy: str | None
-    flags: tuple[str, ...]
-
-    def args(self, platform: str, preset: str, results: str) -> list[str]:
-        argv = ["-m", f"{self.framework}_impl", "--workload", self.workload]
-        argv += ["--gpus", str(self.gpus), "--platform", platform, "--preset", preset]
-        if self.strategy:
-            argv += ["--strategy", self.strategy]
-        if self.gpus == 1 and self.workload in CEILING_WORKLOADS:
-            argv += ["--ceiling"]
-        return [*argv, *self.flags, "--results", results, "--no-progress"]
-
-    def describe(self) -> str:
-        what = self.strategy or "default strategies"
-        flags = " " + " ".join(self.flags) if self.flags else ""
-        return f"{self.framework} {self.workload} on {self.gpus} device(s), {what}{flags}"
-
-
-@dataclass(frozen=True)
-class Plan:
-    platform: str  # "gpu" or "cpu"
-    preset: str
-    accelerators: int
-    steps: tuple[Step, ...]
-    skipped: tuple[tuple[Step, str], ...]
-
-
-def make_plan(
-    frameworks,
-    workloads,
-    platform: str,
-    accelerators: int,
-    preset: str | None = None,
-    cpu_bf16: bool = False,
-) -> Plan:
-    """The runs for this machine: a pure function of the request, the accelerator count and
-    whether the CPU has bf16 arithmetic (devices.cpu_has_bf16)."""
-    for fw in frameworks:
-        if fw not in ALL:
-            raise PlanError(f"unknown framework {fw!r}; choose from {', '.join(ALL)}")
-    for w in workloads:
-        if w not in config.WORKLOADS:
-            raise PlanError(f"unknown workload {w!r}; choose from {', '.join(config.WORKLOADS)}")
-    if platform not in devices.PLATFORMS:
-        raise PlanError(
-            f"unknown platform {platform!r}; choose from {', '.join(devices.PLATFORMS)}"
-        )
-    if preset is not None and preset not in config.PRESETS:
-        raise PlanError(f"unknown preset {preset!r}; choose from {', '.join(config.PRESETS)}")
-    if platform == "gpu" and accelerators == 0:
-        raise PlanError("--platform gpu but this machine has no CUDA GPU; use auto or cpu")
-    resolved = "gpu" if platform == "gpu" or (platform == "auto" and accelerators > 0) else "cpu"
-    preset = preset or config.default_preset(resolved == "gpu")
-    steps, skipped = [], []
-    for workload in workloads:
-        for fw in ALL:
-            if fw not in frameworks:
-                continue
-            for run in RUNS:
-                if run.workload != workload or fw not in run.frameworks:
-                    continue
-                step = Step(fw, workload, run.gpus, run.strategy, run.flags)
-                if run.needs == "1gpu" and not (resolved == "gpu" and accelerators == 1):
-                    continue  # a stand-in for the 2-device runs, where those cannot run
-                if run.needs == "cuda" and resolved != "gpu":
-                    skipped.append((step, f"needs CUDA: {run.why}"))
-                elif run.needs == "bf16" and not (resolved == "gpu" or cpu_bf16):
-                    skipped.append((step, f"needs bf16 arithmetic: {run.why}"))
-                elif run.needs == "cpu-bf16" and (resolved == "gpu" or not cpu_bf16):
-                    skipped.append((step, f"needs a CPU with bf16 arithmetic: {run.why}"))
-                elif resolved == "gpu" and run.gpus > accelerators:
-                    skipped.append(
-                        (step, f"needs {run.gpus} GPUs; this machine has {accelerators}")
-                    )
-                else:
-                    steps.append(step)
-    return Plan(resolved, preset, accelerators, tuple(steps), tuple(skipped))
 
 
 # --- running --------------------------------------------------------------------------------------
@@ -309,6 +155,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", default=None, help="default: full with accelerators, cpu without")
     p.add_argument("--platform", default="auto", help="auto | gpu | cpu")
     p.add_argument("--dry-run", action="store_true", help="print the plan and stop")
+    p.add_argument(
+        "--steps", nargs="+", default=None, metavar="N[-M]",
+        help="run only these steps of the plan, numbered as --dry-run prints them (e.g. 1-4 7): "
+        "a long plan in parts, or one failed step again",
+    )  # fmt: skip
+    p.add_argument(
+        "--assume-gpus", type=int, default=None, metavar="N",
+        help="with --dry-run: the plan of a machine with N GPUs (to split a GPU session's plan "
+        "into --steps from another machine)",
+    )  # fmt: skip
     p.add_argument("--html", action="store_true", help="also write report.html")
     p.add_argument("--timeout", type=float, default=None, help="seconds per run (default: none)")
     p.add_argument("--venv", default=str(ROOT / ".venv"), help="where the framework venvs are")
@@ -322,20 +178,27 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None, runner=stream, echo=print) -> int:
     args = parser().parse_args(argv)
+    gpus = devices.count_accelerators() if args.assume_gpus is None else args.assume_gpus
     try:
+        if args.assume_gpus is not None and (not args.dry_run or args.assume_gpus < 0):
+            raise PlanError("--assume-gpus N (N >= 0) only plans: add --dry-run")
         plan = make_plan(
-            args.frameworks, args.workloads, args.platform, devices.count_accelerators(),
-            args.preset, devices.cpu_has_bf16(),
+            args.frameworks, args.workloads, args.platform, gpus, args.preset,
+            devices.cpu_has_bf16(),
         )  # fmt: skip
+        unset = {} if args.python else not_set_up(args.frameworks, Path(args.venv))
+        plan = without(plan, unset)
+        chosen = select(plan, args.steps)
     except PlanError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    unset = {} if args.python else not_set_up(args.frameworks, Path(args.venv))
-    plan = without(plan, unset)
     results = str(Path(args.results).resolve())
     show_plan(plan, results, args.out, echo, args.python)
+    if args.steps:
+        echo(f"  --steps {' '.join(args.steps)}: {len(chosen.steps)} of {len(plan.steps)} step(s)")
     if args.dry_run:
         return 0
+    plan = chosen
     from compare import report
 
     try:  # before hours of runs, not after them

@@ -35,11 +35,9 @@ def resnet18_step(cfg, x, y, amp, compiled):
     """ResNet-18 as its training builds it (no DDP wrapper: one device, nothing to reduce), and
     resnet18.train_step itself."""
     net = resnet18.init_weights(resnet18.resnet18(), cfg.init_std, cfg.seed).to(x.device)
-    if x.device.type == "cuda":  # as resnet18._run: cuDNN autotuning, channels-last
-        torch.backends.cudnn.benchmark = True
-        net = net.to(memory_format=torch.channels_last)
-    if compiled:
-        net.compile()  # compiles in the first (warm-up) step
+    net = tdev.gpu_layout(net, x.device)  # as resnet18._run
+    if compiled:  # compiled in the warm-up steps; the full preset's 5 also capture CUDA graphs
+        tdev.compile_model(net, x.device)
     optimizer = resnet18.make_optimizer(net, cfg.lr)
     return (lambda _: resnet18.train_step(net, optimizer, x, y, amp)), None
 
@@ -63,6 +61,7 @@ def main(args, plan, cfg):
     timer = ceiling.measure(step, state, sync, warmup, steps, repeats)
     fields = ceiling.record_fields(timer, cfg, args.amp, warmup, steps)
     fields["extra"]["omp_num_threads"] = torch.get_num_threads()
+    fields["extra"]["compile_mode"] = tdev.compile_mode(device) if args.compile else None
     names, versions = tdev.device_names([device]), tdev.versions()
     rec = cli.make_record(FRAMEWORK, args, plan, cfg, names, versions, **fields)
     ceiling.save(rec, args.results, plan)

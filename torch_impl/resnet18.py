@@ -148,6 +148,8 @@ def loss_fn(logits, labels):
 
 def train_step(net, optimizer, x, y, amp=False):
     """One SGD step on this process's batch; returns its mean loss (not synced)."""
+    # A new step: CUDA graphs (--compile on one GPU) may reuse the last step's output memory.
+    torch.compiler.cudagraph_mark_step_begin()
     optimizer.zero_grad(set_to_none=True)
     with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=amp):
         logits = net(x)
@@ -201,11 +203,10 @@ def train(
     `compiled`: torch.compile (--compile; JAX's jit, Gluon's hybridize); `probe`: --ceiling."""
     rank, world = (dist.get_rank(), dist.get_world_size()) if strategy == "ddp" else (0, 1)
     device = devs[0]
-    if compiled:
-        # The inner module, in place (its weights keep their names), before DDP or DataParallel
-        # wraps it, as torch's docs advise. It compiles on its first calls: in the warm-up below,
-        # once per batch shape, never in a timed epoch (evaluation runs eagerly).
-        net.compile()
+    # --compile: the inner module, in place (its weights keep their names), before DDP or
+    # DataParallel wraps it, as torch's docs advise. It compiles, and on one GPU captures its
+    # CUDA graphs, in the warm-up below, never in a timed epoch (evaluation runs eagerly).
+    calls = tdev.compile_model(net, device, world) if compiled else 1
     net = ddp(net, device) if strategy == "ddp" else data_parallel(net, devs)
     x_train, y_train, x_test, y_test = _to_device(ds, device)
     optimizer = make_optimizer(net, cfg.lr)
@@ -213,12 +214,13 @@ def train(
     timer = timing.Timer(lambda: tdev.sync([device]), warmup=1)
     first = data.batches(len(y_train), cfg.batch_size, cfg.seed, 0)
     log = training.EpochLog(cfg.epochs, len(first), quiet=rank != 0, ceiling=probe)
-    # Warm-up apart from the epochs (compilation, cuDNN autotuning, allocator): one step of each
-    # batch shape the epochs will use, then the initial weights are restored, so every epoch is
-    # timed whole.
+    # Warm-up apart from the epochs (compilation, cuDNN autotuning, allocator): `calls` steps of
+    # each batch shape the epochs will use, then the initial weights are restored, so every
+    # epoch is timed whole.
     initial = {k: v.detach().clone() for k, v in net.state_dict().items()}
+    warmup = data.warmup_batches(first[: cfg.steps_per_epoch]) * calls
     with timer.region():
-        for sel in _rows(data.warmup_batches(first[: cfg.steps_per_epoch]), rank, world, device):
+        for sel in _rows(warmup, rank, world, device):
             train_step(net, optimizer, x_train[sel], y_train[sel], amp)
     net.load_state_dict(initial)
     for epoch in range(cfg.epochs):
@@ -311,12 +313,7 @@ def _run(args, plan, cfg, strategy, devs):
     # d2l 13.6: 2 devices train with batch 512 and lr 0.2 (the one-device values times 2).
     cfg = config.for_devices(cfg, plan.count)
     ds = data.load_subsets(cfg.train_subset, cfg.test_subset, cfg.seed)
-    net = init_weights(resnet18(), cfg.init_std, cfg.seed).to(devs[0])
-    if devs[0].type == "cuda":
-        # Fixed shapes: cuDNN times its algorithms once, in the warm-up; channels-last (NHWC)
-        # is the layout tensor cores want, and spares a transpose around every convolution.
-        torch.backends.cudnn.benchmark = True
-        net = net.to(memory_format=torch.channels_last)
+    net = tdev.gpu_layout(init_weights(resnet18(), cfg.init_std, cfg.seed).to(devs[0]), devs[0])
     local = len(devs) if strategy == "dataparallel" else int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     rank = dist.get_rank() if strategy == "ddp" else 0
     with utilization.sampler_for(plan.platform, local if rank == 0 else 0) as sampler:
@@ -335,6 +332,7 @@ def _run(args, plan, cfg, strategy, devs):
     )
     extra = {**usage, "omp_num_threads": torch.get_num_threads(), "world_size": world}
     extra["ddp_wrapper"] = strategy == "ddp" and world > 1  # one rank: the plain module (ddp)
+    extra["compile_mode"] = tdev.compile_mode(devs[0], world) if args.compile else None
     extra["nnodes"] = int(os.environ.get("GROUP_WORLD_SIZE", 1))  # torchrun's: the nodes
     if os.environ.get("OMP_NUM_THREADS"):
         extra["omp_num_threads_env"] = os.environ["OMP_NUM_THREADS"]

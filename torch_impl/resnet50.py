@@ -195,6 +195,7 @@ def train(model, cfg, devices, train_bn=True, split_sizes=(None,)):
         model.split_size = split_size  # None: the whole batch (single, model_parallel)
         with timers[split_size].region():
             for b in range(cfg.num_batches):
+                torch.compiler.cudagraph_mark_step_begin()  # --compile's CUDA graphs: a new step
                 optimizer.zero_grad()
                 outputs = model(inputs[b])
                 loss = loss_fn(outputs, labels[b])
@@ -226,7 +227,7 @@ def run_strategy(args, plan, cfg, devs, strategy, split_sizes=(None,), sweep=Fal
     else:
         model = build(strategy, used, split_sizes[0], cfg.num_classes)
         if args.compile:  # torch.compile (--compile, `single` only): compiled in train's warm-up
-            model.compile()
+            tdev.compile_model(model, used[0])
         cuda = list(dict.fromkeys(d for d in used if d.type == "cuda"))
         for d in cuda:  # after the build: CUDA refuses this on a device it has not touched yet
             torch.cuda.reset_peak_memory_stats(d)
@@ -234,6 +235,8 @@ def run_strategy(args, plan, cfg, devs, strategy, split_sizes=(None,), sweep=Fal
         extra = measure_stages(model, cfg) if strategy != "single" else {}
         if strategy == "single" and cuda:
             extra = {"peak_memory_bytes": [torch.cuda.max_memory_allocated(cuda[0])]}
+        if args.compile:
+            extra["compile_mode"] = tdev.compile_mode(used[0])
     recs = []
     for split_size, (timer, losses) in runs.items():
         recs.append(cli.make_record(
@@ -343,6 +346,7 @@ def _run_schedule(schedule, stage_module, cfg, rank, world, device):
     for _ in range(cfg.warmup + cfg.repeats):
         with timer.region():
             for b in range(cfg.num_batches):
+                torch.compiler.cudagraph_mark_step_begin()  # --compile's CUDA graphs: a new step
                 optimizer.zero_grad()
                 micro_losses = []
                 if rank == 0:

@@ -320,6 +320,62 @@ def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path):
     assert not (tmp_path / "r.jsonl").exists()
 
 
+def test_steps_run_part_of_the_plan_numbered_as_the_dry_run_prints_it(tmp_path):
+    """--steps: a long plan in parts (a GPU session's 10-minute calls), or one step again."""
+    calls, lines = [], []
+    code = run.main(
+        ["--platform", "cpu", "--frameworks", "torch", "--workloads", "lenet", "resnet18",
+         "--steps", "2", "4-5", "--results", str(tmp_path / "r.jsonl"), "--out", str(tmp_path),
+         "--venv", str(fake_venv(tmp_path))],
+        runner=lambda cmd, echo, timeout: calls.append(cmd) or (0, [], ""), echo=lines.append,
+    )  # fmt: skip
+    assert code == 1  # every step ran, but this runner writes no records to report on
+    plan = run.make_plan(["torch"], ["lenet", "resnet18"], "cpu", 0, cpu_bf16=True).steps
+    want = [plan[1], plan[3], plan[4]]  # steps 2, 4 and 5, in the plan's order
+    assert [c[1:] for c in calls] == [s.args("cpu", "cpu", str(tmp_path / "r.jsonl")) for s in want]
+    assert f"--steps 2 4-5: 3 of {len(plan)} step(s)" in "\n".join(lines)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--steps", "0"], "error: --steps 0: the plan has steps 1 to 2 (see --dry-run)"),
+        (["--steps", "2-3"], "error: --steps 2-3: the plan has steps 1 to 2 (see --dry-run)"),
+        (["--steps", "2-1"], "error: --steps 2-1: the plan has steps 1 to 2 (see --dry-run)"),
+        (["--steps", "one"], "error: --steps 'one': give step numbers or ranges, such as 1-4 7"),
+        (["--assume-gpus", "1"], "error: --assume-gpus N (N >= 0) only plans: add --dry-run"),
+    ],
+)
+def test_bad_steps_are_one_line_before_any_run(tmp_path, capsys, argv, message):
+    def runner(*_):
+        raise AssertionError("nothing may run")
+
+    code = run.main(
+        ["--platform", "cpu", "--frameworks", "torch", "--workloads", "lenet", *argv,
+         "--results", str(tmp_path / "r.jsonl"), "--out", str(tmp_path / "o")],
+        runner=runner, echo=[].append,
+    )  # fmt: skip
+    assert code == 2
+    assert capsys.readouterr().err.splitlines() == [message]
+    assert not (tmp_path / "r.jsonl").exists() and not (tmp_path / "o").exists()
+
+
+def test_assume_gpus_plans_a_gpu_machine_from_this_one(tmp_path, monkeypatch):
+    monkeypatch.setattr(run.devices, "count_accelerators", lambda: 0)
+    lines = []
+    code = run.main(
+        ["--dry-run", "--assume-gpus", "1", "--frameworks", "torch", "--workloads", "resnet18",
+         "--python", "python3", "--results", str(tmp_path / "r.jsonl"), "--steps", "3-4"],
+        runner=None, echo=lines.append,
+    )  # fmt: skip
+    assert code == 0
+    text = "\n".join(lines)
+    assert "plan: platform gpu (1 GPU(s)), preset full" in text
+    assert "   3. python3 -m torch_impl --workload resnet18 --gpus 1 --platform gpu" in text
+    assert "skip: torch resnet18 on 2 device(s), ddp: needs 2 GPUs; this machine has 1" in text
+    assert "--steps 3-4: 2 of 6 step(s)" in text
+
+
 def test_bad_request_is_one_line(capsys):
     code = run.main(["--dry-run", "--frameworks", "tensorflow"])
     assert code == 2

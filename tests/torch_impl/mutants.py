@@ -44,7 +44,7 @@ MUTANTS = [
     Mutant(
         "torch-r18-compiled-bf16-blocks",
         "torch",
-        "tests/torch_impl/test_compile.py::test_compiled_step_loss_matches_eager_float64",
+        "tests/torch_impl/test_compile.py::test_compiled_steps_losses_match_eager_float64[cpu]",
         "torch_impl/resnet18.py",
         "        return F.relu(y + x)",
         "        if torch.compiler.is_compiling():  # (a round trip alone Inductor removes)\n"

@@ -1,6 +1,7 @@
-"""--compile (torch.compile) on the CPU: the compiled step computes what the eager one does, a
-smoke run records itself as compiled with its compile time in the warm-up, and both resnet18
-strategies run compiled.
+"""--compile (torch.compile): the compiled steps compute what the eager one does (on the CPU, and
+on a GPU with CUDA graphs: marked gpu), the compile mode follows the device, a smoke run records
+itself as compiled with its compile time in the warm-up, and both resnet18 strategies run
+compiled.
 
 torch.compile on 2 CPU cores takes tens of seconds per graph (TorchInductor writes C++ and g++
 builds it), so every test here compiles the same graph: a width-4 ResNet-18 training step on the
@@ -8,6 +9,7 @@ smoke preset's batch of 16 at 28x28, float32. Inductor's graph cache (on by defa
 once; the later tests trace it again but find its kernels.
 """
 
+import contextlib
 import json
 
 import numpy as np
@@ -19,6 +21,7 @@ from torch._dynamo.utils import counters
 from common import cli, config, devices
 from tests.fixtures import make_resnet18_parity as parity
 from tests.fixtures import numerics
+from torch_impl import devices as tdev
 from torch_impl import resnet18 as r18
 
 WIDTH, BATCH = 4, 16  # the smoke preset's one-device batch
@@ -31,32 +34,66 @@ def _net():
 def _loss64(weights, x, y):
     """The eager float64 loss (train-mode BatchNorm) of exchange-format `weights` on `x`."""
     net = r18.set_weights(r18.resnet18(width=WIDTH).double(), weights)
-    return float(r18.loss_fn(net(torch.from_numpy(x)), y))
+    return float(r18.loss_fn(net(torch.from_numpy(x)), y).detach())
+
+
+@contextlib.contextmanager
+def _float32_exact():
+    """TF32 off (tests/torch_impl/test_gpu.py says why); nothing changes on a CPU."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 @pytest.mark.slow
 @pytest.mark.numerics
-def test_compiled_step_loss_matches_eager_float64():
-    """Rule 2: the compiled float32 step's loss against the eager float64 loss of the same
-    weights and batch. A compiled step differs from eager by rounding only: fused kernels round
-    in other places and orders, which rule 2's factor covers (forward: parity.STAGES stages, the
-    longest reduction a BatchNorm statistic over BATCH x 28 x 28)."""
-    x = np.random.default_rng(0).standard_normal((BATCH, 1, 28, 28))
-    y = torch.from_numpy(np.arange(BATCH) % 10)
-    net = _net()
-    weights = r18.get_weights(net)
-    net.compile()
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_compiled_steps_losses_match_eager_float64(device):
+    """Rule 2 at every step: each compiled float32 step's loss against the eager float64 loss of
+    the weights before it on its own batch. A compiled step differs from eager by rounding only:
+    fused kernels round in other places and orders, which rule 2's factor covers (forward:
+    parity.STAGES stages, the longest reduction a BatchNorm statistic over BATCH x 28 x 28).
+    Four steps on four batches: on a GPU, tdev.compile_model's CUDA graphs run the first step
+    eagerly, record the second and replay the others, and a replay that read the recorded
+    batch or weights instead of the new ones would give another step's loss."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA GPU")
+    dev, rng = torch.device(device), np.random.default_rng(0)
+    net = _net().to(dev)
+    assert tdev.compile_model(net, dev) == (3 if device == "cuda" else 1)
     opt = r18.make_optimizer(net, 0.1)
-    got = float(r18.train_step(net, opt, torch.from_numpy(x).float(), y))
-    want = _loss64(weights, x, y)
-    moved = numerics.perturb({**weights, "input": x})
-    off = _loss64(moved, moved.pop("input"), y)
-    sensitivity = numerics.rel_error(off, want)
-    reduction = BATCH * 28 * 28
-    numerics.check_float32(
-        "torch resnet18 compiled float32 loss", got, want, sensitivity, parity.STAGES, reduction
-    )
-    assert all(torch.isfinite(p).all() for p in net.parameters())  # the step's update ran
+    for step in range(4):
+        x = rng.standard_normal((BATCH, 1, 28, 28))
+        y = torch.from_numpy(rng.permutation(BATCH) % 10)
+        weights = r18.get_weights(net)
+        with _float32_exact():
+            got = float(r18.train_step(net, opt, torch.from_numpy(x).float().to(dev), y.to(dev)))
+        want = _loss64(weights, x, y)
+        moved = numerics.perturb({**weights, "input": x})
+        off = _loss64(moved, moved.pop("input"), y)
+        numerics.check_float32(
+            f"torch resnet18 compiled ({device}) float32 loss, step {step + 1}", got, want,
+            numerics.rel_error(off, want), parity.STAGES, BATCH * 28 * 28,
+        )  # fmt: skip
+    assert all(torch.isfinite(p).all() for p in net.parameters())  # the steps' updates ran
+
+
+def test_compile_mode_captures_cuda_graphs_on_one_gpu_only(monkeypatch):
+    """One GPU: "reduce-overhead" (CUDA graphs), which needs three warm-up calls per batch
+    shape; DDP over several processes and the CPU: "default", one call. net.compile is lazy,
+    so a CUDA device can be named on a machine without one."""
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert tdev.compile_mode(cuda) == "reduce-overhead"
+    assert tdev.compile_mode(cuda, processes=2) == tdev.compile_mode(cpu) == "default"
+    asked = []
+    net = _net()
+    monkeypatch.setattr(net, "compile", lambda **kw: asked.append(kw))
+    assert tdev.compile_model(net, cuda) == 3 and tdev.compile_model(net, cuda, 2) == 1
+    assert tdev.compile_model(net, cpu) == 1
+    assert asked == [{"mode": "reduce-overhead"}, {"mode": "default"}, {"mode": "default"}]
 
 
 @pytest.mark.slow
@@ -87,6 +124,7 @@ def test_compiled_ddp_smoke_run_is_recorded_compiled_with_compile_time_in_warm_u
         dist.destroy_process_group()
     (rec,) = [json.loads(line) for line in path.read_text().splitlines()]
     assert rec["strategy"] == "ddp" and rec["extra"]["compiled"] is True
+    assert rec["extra"]["compile_mode"] == "default"  # a CPU: no CUDA graphs
     assert rec["extra"]["amp"] == "off" and np.isfinite(rec["train_loss"]).all()
     assert rec["extra"]["ddp_wrapper"] is False  # one rank: the plain module, nothing to reduce
     # Compilation is warm-up: the one warm-up step (one batch shape) compiled the graph; the

@@ -89,3 +89,25 @@ def test_resnet50_forward_on_the_gpu_matches_the_float64_fixture():
 def test_smoke_runs_on_one_gpu_record_the_gpu(tmp_path, workload, strategy, amp):
     rec = gpu_checks.gpu_smoke_run("torch", tmp_path / "r.jsonl", workload, strategy, amp)
     assert rec["versions"]["cuda"] != "none"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("workload", "strategy", "amp", "flags"),
+    [
+        ("resnet18", "ddp", "off", ("--compile", "--ceiling")),
+        ("resnet18", "ddp", "bf16", ("--compile", "--ceiling")),
+        ("resnet18", "dataparallel", "off", ("--compile",)),
+        ("resnet50", "single", "off", ("--compile",)),
+    ],
+)
+def test_compiled_runs_on_one_gpu_use_cuda_graphs(tmp_path, workload, strategy, amp, flags):
+    """--compile on one GPU captures CUDA graphs (torch_impl.devices.compile_mode); a graph
+    replay that read memory a later step overwrote fails the run. --ceiling's own compiled
+    model takes turns with the training's, each with graphs of its own."""
+    path = tmp_path / "r.jsonl"
+    rec = gpu_checks.gpu_smoke_run("torch", path, workload, strategy, amp, 600, flags)
+    assert rec["extra"]["compiled"] is True
+    assert rec["extra"]["compile_mode"] == "reduce-overhead"
+    if "--ceiling" in flags:
+        assert rec["extra"]["ceiling"]["x_ceiling"] > 0

@@ -1,0 +1,187 @@
+"""The plan of `make compare` (compare/run.py): which run of which framework and workload on how
+many devices, with which flags, and why the others are left out on this machine. A pure
+function of the request, the accelerator count and the CPU's bf16 arithmetic, so a one-GPU
+machine's plan can be printed on any machine (`--dry-run --assume-gpus 1`) and split into parts
+(`--steps`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from common import config, devices
+
+ALL = ("torch", "jax", "mxnet")
+# Every 1-device run of these times its framework's ceiling after each epoch, in the same process
+# (--ceiling, common/ceiling.py), for the report's x ceiling.
+CEILING_WORKLOADS = ("lenet", "resnet18")
+
+
+@dataclass(frozen=True)
+class Run:
+    workload: str
+    gpus: int
+    frameworks: tuple[str, ...]
+    strategy: str | None  # None: the framework's default
+    flags: tuple[str, ...] = ()
+    # "cuda": platform gpu only; "1gpu": only with exactly one GPU; "bf16": a GPU or a CPU with
+    # bf16 arithmetic (devices.cpu_has_bf16); "cpu-bf16": such a CPU, never a GPU
+    needs: str | None = None
+    why: str = ""
+
+
+# The run list. On a machine with fewer accelerators than `gpus`, a row is skipped with a reason.
+# Each framework's plain path (float32; torch eager) runs on 1 and 2 devices; beside it on one
+# device, its faster paths, labelled in the report: bf16 in all three and torch compiled. bf16
+# runs where it can pay: with bf16 arithmetic (BF16_WHY says what was measured without it).
+BF16, COMPILED = ("--amp", "bf16"), ("--compile",)
+DP_CUDA = "nn.DataParallel without CUDA silently runs the plain module"
+BF16_WHY = (
+    "a GPU or a CPU with AVX512_BF16 or AMX; without them bf16 did not pay in ResNet-18 steps "
+    "measured on a 2-core AVX2 CPU: torch 21x float32's time, JAX 0.72-1.19x in three pairs "
+    "(results/cpu-avx2-2core.jsonl)"
+)
+MX_BF16 = (
+    "MXNet's bf16 kernels are oneDNN's, for CPUs only: they fail on AVX2, and emulated on AVX-512 "
+    "without AVX512_BF16 they were measured 2.6x slower than float32 (docs/design.md, Traps)"
+)
+# fmt: off
+RUNS: tuple[Run, ...] = (
+    #   workload    gpus  frameworks   strategy        flags        needs
+    Run("lenet",    1,    ALL,         None),
+    Run("lenet",    2,    ALL,         None),
+    Run("resnet18", 1,    ("torch",),  "ddp"),
+    Run("resnet18", 2,    ("torch",),  "ddp"),
+    Run("resnet18", 1,    ("torch",),  "ddp",          BF16,        "bf16",   BF16_WHY),
+    Run("resnet18", 1,    ("torch",),  "ddp",          COMPILED),
+    Run("resnet18", 1,    ("torch",),  "ddp",          COMPILED + BF16, "bf16", BF16_WHY),
+    Run("resnet18", 1,    ("torch",),  "dataparallel", (),          "cuda",   DP_CUDA),
+    Run("resnet18", 2,    ("torch",),  "dataparallel", (),          "cuda",   DP_CUDA),
+    Run("resnet18", 1,    ("torch",),  "dataparallel", COMPILED,    "cuda",   DP_CUDA),
+    Run("resnet18", 1,    ("jax",),    "sharding"),
+    Run("resnet18", 2,    ("jax",),    "sharding"),
+    Run("resnet18", 1,    ("jax",),    "sharding",     BF16,        "bf16",   BF16_WHY),
+    Run("resnet18", 1,    ("jax",),    "pmap"),
+    Run("resnet18", 2,    ("jax",),    "pmap"),
+    Run("resnet18", 1,    ("mxnet",),  "gluon"),
+    Run("resnet18", 2,    ("mxnet",),  "gluon"),
+    Run("resnet18", 1,    ("mxnet",),  "gluon",        BF16,        "cpu-bf16", MX_BF16),
+    Run("resnet50", 2,    ALL,         None),          # single, model_parallel, pipeline
+    Run("resnet50", 2,    ALL,         None,           ("--sweep",)),  # split_size sweep
+    Run("resnet50", 2,    ("torch",),  "gpipe"),
+    Run("resnet50", 2,    ("torch",),  "1f1b"),
+    Run("resnet50", 1,    ALL,         None,           (),          "1gpu",
+        "the 2-device runs cannot run: at least the single-device time"),
+    Run("resnet50", 1,    ALL,         None,           ("--sweep",), "1gpu",
+        "the 2-device sweep cannot run: the split sizes with both stages on the one GPU"),
+)
+# fmt: on
+
+
+class PlanError(ValueError):
+    """An impossible request: one line for the user."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One command of the plan."""
+
+    framework: str
+    workload: str
+    gpus: int
+    strategy: str | None
+    flags: tuple[str, ...]
+
+    def args(self, platform: str, preset: str, results: str) -> list[str]:
+        argv = ["-m", f"{self.framework}_impl", "--workload", self.workload]
+        argv += ["--gpus", str(self.gpus), "--platform", platform, "--preset", preset]
+        if self.strategy:
+            argv += ["--strategy", self.strategy]
+        if self.gpus == 1 and self.workload in CEILING_WORKLOADS:
+            argv += ["--ceiling"]
+        return [*argv, *self.flags, "--results", results, "--no-progress"]
+
+    def describe(self) -> str:
+        what = self.strategy or "default strategies"
+        flags = " " + " ".join(self.flags) if self.flags else ""
+        return f"{self.framework} {self.workload} on {self.gpus} device(s), {what}{flags}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    platform: str  # "gpu" or "cpu"
+    preset: str
+    accelerators: int
+    steps: tuple[Step, ...]
+    skipped: tuple[tuple[Step, str], ...]
+
+
+def make_plan(
+    frameworks,
+    workloads,
+    platform: str,
+    accelerators: int,
+    preset: str | None = None,
+    cpu_bf16: bool = False,
+) -> Plan:
+    """The runs for this machine: a pure function of the request, the accelerator count and
+    whether the CPU has bf16 arithmetic (devices.cpu_has_bf16)."""
+    for fw in frameworks:
+        if fw not in ALL:
+            raise PlanError(f"unknown framework {fw!r}; choose from {', '.join(ALL)}")
+    for w in workloads:
+        if w not in config.WORKLOADS:
+            raise PlanError(f"unknown workload {w!r}; choose from {', '.join(config.WORKLOADS)}")
+    if platform not in devices.PLATFORMS:
+        raise PlanError(
+            f"unknown platform {platform!r}; choose from {', '.join(devices.PLATFORMS)}"
+        )
+    if preset is not None and preset not in config.PRESETS:
+        raise PlanError(f"unknown preset {preset!r}; choose from {', '.join(config.PRESETS)}")
+    if platform == "gpu" and accelerators == 0:
+        raise PlanError("--platform gpu but this machine has no CUDA GPU; use auto or cpu")
+    resolved = "gpu" if platform == "gpu" or (platform == "auto" and accelerators > 0) else "cpu"
+    preset = preset or config.default_preset(resolved == "gpu")
+    steps, skipped = [], []
+    for workload in workloads:
+        for fw in ALL:
+            if fw not in frameworks:
+                continue
+            for run in RUNS:
+                if run.workload != workload or fw not in run.frameworks:
+                    continue
+                step = Step(fw, workload, run.gpus, run.strategy, run.flags)
+                if run.needs == "1gpu" and not (resolved == "gpu" and accelerators == 1):
+                    continue  # a stand-in for the 2-device runs, where those cannot run
+                if run.needs == "cuda" and resolved != "gpu":
+                    skipped.append((step, f"needs CUDA: {run.why}"))
+                elif run.needs == "bf16" and not (resolved == "gpu" or cpu_bf16):
+                    skipped.append((step, f"needs bf16 arithmetic: {run.why}"))
+                elif run.needs == "cpu-bf16" and (resolved == "gpu" or not cpu_bf16):
+                    skipped.append((step, f"needs a CPU with bf16 arithmetic: {run.why}"))
+                elif resolved == "gpu" and run.gpus > accelerators:
+                    skipped.append(
+                        (step, f"needs {run.gpus} GPUs; this machine has {accelerators}")
+                    )
+                else:
+                    steps.append(step)
+    return Plan(resolved, preset, accelerators, tuple(steps), tuple(skipped))
+
+
+def select(plan: Plan, spec: list[str] | None) -> Plan:
+    """`plan` with only the steps `spec` names (--steps: numbers as the plan prints them, and
+    ranges such as 1-4), in the plan's order; None: all of them."""
+    if spec is None:
+        return plan
+    total, chosen = len(plan.steps), set()
+    for token in spec:
+        first, _, last = token.partition("-")
+        if not (first.isdigit() and (last.isdigit() or not last)):
+            raise PlanError(f"--steps {token!r}: give step numbers or ranges, such as 1-4 7")
+        lo, hi = int(first), int(last or first)
+        if not 1 <= lo <= hi <= total:
+            raise PlanError(f"--steps {token}: the plan has steps 1 to {total} (see --dry-run)")
+        chosen.update(range(lo, hi + 1))
+    steps = tuple(s for i, s in enumerate(plan.steps, start=1) if i in chosen)
+    return dataclasses.replace(plan, steps=steps)
