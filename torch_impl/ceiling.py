@@ -61,7 +61,7 @@ def main(args, plan, cfg):
     timer = ceiling.measure(step, state, sync, warmup, steps, repeats)
     fields = ceiling.record_fields(timer, cfg, args.amp, warmup, steps)
     fields["extra"]["omp_num_threads"] = torch.get_num_threads()
-    fields["extra"]["compile_mode"] = tdev.compile_mode(device) if args.compile else None
+    fields["extra"] |= tdev.compile_fields(args.compile, device)
     names, versions = tdev.device_names([device]), tdev.versions()
     rec = cli.make_record(FRAMEWORK, args, plan, cfg, names, versions, **fields)
     ceiling.save(rec, args.results, plan)

@@ -54,3 +54,16 @@ def compile_model(net: torch.nn.Module, device: torch.device, processes: int = 1
     mode = compile_mode(device, processes)
     net.compile(mode=mode)
     return 3 if mode == "reduce-overhead" else 1
+
+
+def compile_fields(compiled: bool, device: torch.device, processes: int = 1) -> dict:
+    """The record's account of --compile: the mode, and how many graphs torch.compile left out
+    of CUDA graphs in this process (torch logs each reason; 0 where the mode's graphs all run)."""
+    if not compiled:
+        return {"compile_mode": None}
+    from torch._dynamo.utils import counters  # torch.compile's tallies: loaded for --compile only
+
+    return {
+        "compile_mode": compile_mode(device, processes),
+        "cudagraph_skips": counters["inductor"]["cudagraph_skips"],
+    }

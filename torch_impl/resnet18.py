@@ -332,7 +332,7 @@ def _run(args, plan, cfg, strategy, devs):
     )
     extra = {**usage, "omp_num_threads": torch.get_num_threads(), "world_size": world}
     extra["ddp_wrapper"] = strategy == "ddp" and world > 1  # one rank: the plain module (ddp)
-    extra["compile_mode"] = tdev.compile_mode(devs[0], world) if args.compile else None
+    extra |= tdev.compile_fields(args.compile, devs[0], world)  # --compile: mode, graphs left out
     extra["nnodes"] = int(os.environ.get("GROUP_WORLD_SIZE", 1))  # torchrun's: the nodes
     if os.environ.get("OMP_NUM_THREADS"):
         extra["omp_num_threads_env"] = os.environ["OMP_NUM_THREADS"]

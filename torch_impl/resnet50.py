@@ -236,7 +236,7 @@ def run_strategy(args, plan, cfg, devs, strategy, split_sizes=(None,), sweep=Fal
         if strategy == "single" and cuda:
             extra = {"peak_memory_bytes": [torch.cuda.max_memory_allocated(cuda[0])]}
         if args.compile:
-            extra["compile_mode"] = tdev.compile_mode(used[0])
+            extra |= tdev.compile_fields(True, used[0])
     recs = []
     for split_size, (timer, losses) in runs.items():
         recs.append(cli.make_record(

@@ -94,6 +94,7 @@ def test_compile_mode_captures_cuda_graphs_on_one_gpu_only(monkeypatch):
     assert tdev.compile_model(net, cuda) == 3 and tdev.compile_model(net, cuda, 2) == 1
     assert tdev.compile_model(net, cpu) == 1
     assert asked == [{"mode": "reduce-overhead"}, {"mode": "default"}, {"mode": "default"}]
+    assert tdev.compile_fields(False, cuda) == {"compile_mode": None}  # an eager run
 
 
 @pytest.mark.slow
@@ -125,6 +126,7 @@ def test_compiled_ddp_smoke_run_is_recorded_compiled_with_compile_time_in_warm_u
     (rec,) = [json.loads(line) for line in path.read_text().splitlines()]
     assert rec["strategy"] == "ddp" and rec["extra"]["compiled"] is True
     assert rec["extra"]["compile_mode"] == "default"  # a CPU: no CUDA graphs
+    assert rec["extra"]["cudagraph_skips"] == 0  # none asked for, none left out
     assert rec["extra"]["amp"] == "off" and np.isfinite(rec["train_loss"]).all()
     assert rec["extra"]["ddp_wrapper"] is False  # one rank: the plain module, nothing to reduce
     # Compilation is warm-up: the one warm-up step (one batch shape) compiled the graph; the

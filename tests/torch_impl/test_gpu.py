@@ -109,5 +109,6 @@ def test_compiled_runs_on_one_gpu_use_cuda_graphs(tmp_path, workload, strategy, 
     rec = gpu_checks.gpu_smoke_run("torch", path, workload, strategy, amp, 600, flags)
     assert rec["extra"]["compiled"] is True
     assert rec["extra"]["compile_mode"] == "reduce-overhead"
+    assert rec["extra"]["cudagraph_skips"] == 0  # every graph compiled was captured
     if "--ceiling" in flags:
         assert rec["extra"]["ceiling"]["x_ceiling"] > 0
