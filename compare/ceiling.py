@@ -32,6 +32,12 @@ def tier(e: Entry) -> str:
     return e.label[len(e.rec.strategy) :]
 
 
+def _unpaired(c: Entry) -> str:
+    """The strategy cell of a ceiling with no training row: a dash, naming its tier if any."""
+    label = tier(c)
+    return f"{DASH} ({label})" if label else DASH
+
+
 def in_run(e: Entry | None) -> Entry | None:
     """The ceiling a 1-device training record measured in its own run (--ceiling, the record's
     extra.ceiling), as a ceiling Entry of the same framework and tier; None without one."""
@@ -117,7 +123,7 @@ def ceiling_table(workload: str, entries: list[Entry], ceilings: list[Entry], en
         body.append(
             [
                 c.rec.framework,
-                training.label if training else f"{DASH} ({tier(c)})" if tier(c) else DASH,
+                training.label if training else _unpaired(c),
                 time_cell(training),
                 time_cell(c),
                 fmt_step(c.rec.extra.get("s_per_step"), steps),

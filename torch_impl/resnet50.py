@@ -346,7 +346,6 @@ def _run_schedule(schedule, stage_module, cfg, rank, world, device):
     for _ in range(cfg.warmup + cfg.repeats):
         with timer.region():
             for b in range(cfg.num_batches):
-                torch.compiler.cudagraph_mark_step_begin()  # --compile's CUDA graphs: a new step
                 optimizer.zero_grad()
                 micro_losses = []
                 if rank == 0:
