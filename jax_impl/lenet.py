@@ -33,19 +33,22 @@ def init_params(std, seed):
 
 
 def lenet(X, params):
-    # NCHW / OIHW, the layout of torch and MXNet, so the 800-vector flattens in the same order.
+    # Images NHWC inside, XLA's own layout (flax's too): with NCHW, XLA:CPU wrapped each conv in
+    # transposes and the forward took 64 ms, against 10 ms (batch 256, a 2-core AVX2 CPU). The
+    # kernels stay OIHW (the shared weight format), the images arrive NCHW, and the features go
+    # back to NCHW before the flatten, so the 800-vector has torch's and MXNet's order.
     def conv(x, name):
-        dims = ("NCHW", "OIHW", "NCHW")
+        dims = ("NHWC", "OIHW", "NHWC")
         w = params[f"{name}.weight"]
         y = lax.conv_general_dilated(x, w, (1, 1), "VALID", dimension_numbers=dims)
-        return y + params[f"{name}.bias"][None, :, None, None]
+        return y + params[f"{name}.bias"]
 
     def avg_pool(x):
-        return lax.reduce_window(x, 0.0, lax.add, (1, 1, 2, 2), (1, 1, 2, 2), "VALID") / 4
+        return lax.reduce_window(x, 0.0, lax.add, (1, 2, 2, 1), (1, 2, 2, 1), "VALID") / 4
 
-    h = avg_pool(jax.nn.relu(conv(X, "conv1")))
+    h = avg_pool(jax.nn.relu(conv(X.transpose(0, 2, 3, 1), "conv1")))
     h = avg_pool(jax.nn.relu(conv(h, "conv2")))
-    h = h.reshape(h.shape[0], -1)  # NCHW flatten: 50 x 4 x 4 = 800
+    h = h.transpose(0, 3, 1, 2).reshape(h.shape[0], -1)  # NCHW flatten: 50 x 4 x 4 = 800
     h = jax.nn.relu(h @ params["fc1.weight"].T + params["fc1.bias"])
     return h @ params["fc2.weight"].T + params["fc2.bias"]
 

@@ -83,8 +83,8 @@ MUTANTS = [
         "jax",
         f"{LENET}::test_float32_first_loss_matches_the_fixture",
         "jax_impl/lenet.py",
-        "    h = h.reshape(h.shape[0], -1)  # NCHW flatten: 50 x 4 x 4 = 800",
-        "    h = h.transpose(0, 2, 3, 1).reshape(h.shape[0], -1)",
+        "    h = h.transpose(0, 3, 1, 2).reshape(h.shape[0], -1)  # NCHW flatten: 50 x 4 x 4 = 800",
+        "    h = h.reshape(h.shape[0], -1)",
         "NHWC flatten order before fc1 (the fixture's weights are NCHW-ordered)",
     ),
     Mutant(
