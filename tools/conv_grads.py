@@ -1,0 +1,148 @@
+"""Where a training step's time goes: the workload's forward, its forward and backward, and the
+same with the convolution weights frozen (their gradients, the weight-gradient convolutions, not
+computed), on one device. `python -m tools.conv_grads --framework jax --workload resnet18`, run
+with the framework's environment (.venv/<framework>/bin/python); `taskset -c 0` in front of it
+says what a second core adds (the record says `cores_allowed`).
+
+The probe behind the README's account of XLA:CPU's slower steps; its records, with hardware and
+versions, are in results/conv-grads-*.jsonl. Not a benchmark of the training loop: one fixed
+random batch, no optimizer, BatchNorm in training mode, as in a step.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from common import results
+
+PASSES = ("forward", "forward+backward", "forward+backward, conv weights frozen")
+
+
+def jax_passes(workload, batch):
+    """{pass: jitted function of the parameters}, and the barrier. The frozen pass wraps the
+    4-d weights (conv kernels) in stop_gradient: XLA then leaves their gradients out."""
+    import jax
+    from jax import lax
+
+    from jax_impl import lenet, resnet18
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch, 1, 28, 28)).astype("float32")
+    y = jax.device_put(rng.integers(0, 10, batch).astype("int32"))
+    if workload == "lenet":
+        params = lenet.init_params(0.01, 0)
+
+        def loss(p, x, y):
+            return lenet.loss_fn(lenet.lenet(x, p), y)
+    else:
+        net = resnet18.resnet18()
+        variables = resnet18.init_weights(net, 0.01, 0)
+        params, x = variables["params"], x.transpose(0, 2, 3, 1)  # flax: NHWC
+
+        def loss(p, x, y):
+            v = {"params": p, "batch_stats": variables["batch_stats"]}
+            return resnet18.loss_fn(net.apply(v, x, train=True, mutable=["batch_stats"])[0], y)
+
+    def frozen(p, x, y):
+        return loss(jax.tree.map(lambda w: lax.stop_gradient(w) if w.ndim == 4 else w, p), x, y)
+
+    x = jax.device_put(x)  # an argument, as in a step: a closed-over array is a constant
+    fns = (jax.jit(loss), jax.jit(jax.grad(loss)), jax.jit(jax.grad(frozen)))
+    passes = {name: (lambda f=f: f(params, x, y)) for name, f in zip(PASSES, fns, strict=True)}
+    return passes, jax.block_until_ready
+
+
+def torch_passes(workload, batch):
+    """The same three passes in eager torch: the frozen one sets requires_grad=False on the
+    4-d weights, so autograd asks oneDNN for no weight gradient. A pass returns the
+    gradients (the loss for the forward), as the jitted JAX ones do."""
+    import torch
+
+    from torch_impl import lenet, resnet18
+
+    rng = np.random.default_rng(0)
+    x = torch.from_numpy(rng.standard_normal((batch, 1, 28, 28)).astype("float32"))
+    y = torch.from_numpy(rng.integers(0, 10, batch))
+    if workload == "lenet":
+        params = lenet.get_params(lenet.init_params(0.01, 0), torch.device("cpu"))
+        weights, mod = params, lenet
+
+        def model(x):
+            return lenet.lenet(x, params)
+    else:
+        model = resnet18.resnet18()
+        resnet18.init_weights(model, 0.01, 0)
+        weights, mod = dict(model.named_parameters()), resnet18
+
+    def run(frozen=False, backward=True):
+        for w in weights.values():
+            w.grad = None
+            w.requires_grad_(not (frozen and w.ndim == 4))
+        with torch.set_grad_enabled(backward):
+            loss = mod.loss_fn(model(x), y)
+        if not backward:
+            return loss
+        loss.backward()
+        return {name: w.grad for name, w in weights.items()}  # None where frozen
+
+    fns = (lambda: run(backward=False), run, lambda: run(frozen=True))
+    return dict(zip(PASSES, fns, strict=True)), lambda out: out
+
+
+def measure(passes, sync, repeats):
+    """Seconds per call of each pass, `repeats` times, the passes interleaved so that a machine
+    whose speed drifts slows them alike; one untimed call each first (compilation)."""
+    for f in passes.values():
+        sync(f())
+    times = {name: [] for name in passes}
+    for _ in range(repeats):
+        for name, f in passes.items():
+            start = time.perf_counter()
+            sync(f())
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--framework", choices=("jax", "torch"), required=True)
+    p.add_argument("--workload", choices=("lenet", "resnet18"), default="lenet")
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--results", help="append the record (one JSON line) to this file")
+    args = p.parse_args(argv)
+    if args.batch < 1 or args.repeats < 1:
+        p.error("--batch and --repeats must be at least 1")
+    passes, sync = (jax_passes if args.framework == "jax" else torch_passes)(
+        args.workload, args.batch
+    )
+    times = measure(passes, sync, args.repeats)
+    if args.framework == "jax":
+        from jax_impl.devices import versions
+    else:
+        from torch_impl.devices import versions
+    vers, hardware = results.environment(versions())
+    rec = {
+        "probe": "conv_grads",
+        **{k: getattr(args, k) for k in ("framework", "workload", "batch", "repeats")},
+        "cores_allowed": len(os.sched_getaffinity(0)),
+        "seconds": {k: {"median": statistics.median(v), "all": v} for k, v in times.items()},
+        "versions": vers,
+        "hardware": hardware,
+        "git_commit": results.git_commit(),
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    for name, v in times.items():
+        print(f"{args.framework} {args.workload} {name}: {statistics.median(v) * 1e3:.1f} ms")
+    if args.results:
+        with open(args.results, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
