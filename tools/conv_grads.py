@@ -1,15 +1,16 @@
 """Where a training step's time goes: the workload's forward, its forward and backward, and the
 same with the convolution weights frozen (their gradients, the weight-gradient convolutions, not
-computed), on one device. `python -m tools.conv_grads --framework jax --workload resnet18`, run
-with the framework's environment (.venv/<framework>/bin/python); `taskset -c 0` in front of it
-says what a second core adds (the record says `cores_allowed`).
+computed), on one device, in JAX, torch or MXNet. `python -m tools.conv_grads --framework jax
+--workload resnet18`, run with the framework's environment (.venv/<framework>/bin/python);
+`taskset -c 0` in front of it says what a second core adds (the record says `cores_allowed`).
 
-The probe behind the README's account of XLA:CPU's slower steps; its records, with hardware and
+The probe behind the README's account of the frameworks' CPU steps; its records, with hardware and
 versions, are in results/conv-grads-*.jsonl. Not a benchmark of the training loop: one fixed
 random batch, no optimizer, BatchNorm in training mode, as in a step.
 """
 
 import argparse
+import importlib
 import json
 import os
 import statistics
@@ -20,6 +21,7 @@ import numpy as np
 
 from common import results
 
+FRAMEWORKS = ("jax", "torch", "mxnet")
 PASSES = ("forward", "forward+backward", "forward+backward, conv weights frozen")
 
 
@@ -94,6 +96,53 @@ def torch_passes(workload, batch):
     return dict(zip(PASSES, fns, strict=True)), lambda out: out
 
 
+def mxnet_passes(workload, batch):
+    """The same three passes in MXNet (resnet18 hybridized, as it trains): the frozen one runs
+    a second copy of the model whose 4-d weights have grad_req "null" (toggling it on one
+    hybridized block between calls would rebuild its cached graph inside the timing)."""
+    import mxnet as mx
+    from mxnet import autograd, nd
+
+    from mxnet_impl import lenet, resnet18
+
+    rng = np.random.default_rng(0)
+    x = nd.array(rng.standard_normal((batch, 1, 28, 28)).astype("float32"))
+    y = nd.array(rng.integers(0, 10, batch).astype("float32"))
+
+    def copy(frozen):
+        """(model, {name: weight}) with the 4-d weights' grad_req "null" when frozen."""
+        if workload == "lenet":
+            params = lenet.get_params(lenet.init_params(0.01, 0), mx.cpu())
+            for p in params.values():
+                p.attach_grad("null" if frozen and p.ndim == 4 else "write")
+            return (lambda x: lenet.lenet(x, params)), params
+        net = resnet18.resnet18()
+        resnet18.init_weights(net, 0.01, 0)
+        net.hybridize()
+        params = net.collect_params()
+        for p in params.values():
+            p.grad_req = "null" if frozen and len(p.shape) == 4 else p.grad_req
+        return net, {k: p.data() for k, p in params.items()}
+
+    mod = lenet if workload == "lenet" else resnet18
+    (model, weights), (frozen_model, frozen_weights) = copy(False), copy(True)
+
+    def run(model, weights, backward=True):
+        with autograd.record() if backward else autograd.train_mode():  # BN: batch statistics
+            loss = mod.loss_fn(model(x), y)
+        if not backward:
+            return loss
+        loss.backward()
+        return {k: w.grad for k, w in weights.items()}  # None where frozen
+
+    fns = (
+        lambda: run(model, weights, backward=False),
+        lambda: run(model, weights),
+        lambda: run(frozen_model, frozen_weights),
+    )
+    return dict(zip(PASSES, fns, strict=True)), lambda out: (nd.waitall(), out)[1]
+
+
 def measure(passes, sync, repeats):
     """Seconds per call of each pass, `repeats` times, the passes interleaved so that a machine
     whose speed drifts slows them alike; one untimed call each first (compilation)."""
@@ -110,7 +159,7 @@ def measure(passes, sync, repeats):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--framework", choices=("jax", "torch"), required=True)
+    p.add_argument("--framework", choices=FRAMEWORKS, required=True)
     p.add_argument("--workload", choices=("lenet", "resnet18"), default="lenet")
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--repeats", type=int, default=5)
@@ -118,15 +167,10 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.batch < 1 or args.repeats < 1:
         p.error("--batch and --repeats must be at least 1")
-    passes, sync = (jax_passes if args.framework == "jax" else torch_passes)(
-        args.workload, args.batch
-    )
+    passes, sync = globals()[f"{args.framework}_passes"](args.workload, args.batch)
     times = measure(passes, sync, args.repeats)
-    if args.framework == "jax":
-        from jax_impl.devices import versions
-    else:
-        from torch_impl.devices import versions
-    vers, hardware = results.environment(versions())
+    devices = importlib.import_module(f"{args.framework}_impl.devices")
+    vers, hardware = results.environment(devices.versions())
     rec = {
         "probe": "conv_grads",
         **{k: getattr(args, k) for k in ("framework", "workload", "batch", "repeats")},

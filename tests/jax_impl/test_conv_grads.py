@@ -1,4 +1,4 @@
-"""tools/conv_grads.py in JAX: the probe behind the README's account of XLA:CPU's steps."""
+"""tools/conv_grads.py in JAX: the probe behind the README's account of the CPU steps."""
 
 from jax_impl import lenet
 from tests.fixtures import probe_checks

@@ -1,4 +1,4 @@
-"""tools/conv_grads.py in torch: the probe behind the README's account of XLA:CPU's steps."""
+"""tools/conv_grads.py in torch: the probe behind the README's account of the CPU steps."""
 
 from tests.fixtures import probe_checks
 from tools import conv_grads

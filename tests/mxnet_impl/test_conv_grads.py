@@ -1,0 +1,13 @@
+"""tools/conv_grads.py in MXNet: the probe behind the README's account of the CPU steps."""
+
+from mxnet_impl import lenet
+from tests.fixtures import probe_checks
+from tools import conv_grads
+
+
+def test_probe_writes_one_record(tmp_path):
+    probe_checks.check_record("mxnet", tmp_path)
+
+
+def test_frozen_pass_computes_every_gradient_but_the_conv_weights():
+    probe_checks.check_frozen_pass(conv_grads.mxnet_passes("lenet", 8), lenet.SHAPES)
