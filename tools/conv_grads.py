@@ -143,37 +143,52 @@ def mxnet_passes(workload, batch):
     return dict(zip(PASSES, fns, strict=True)), lambda out: (nd.waitall(), out)[1]
 
 
-def measure(passes, sync, repeats):
-    """Seconds per call of each pass, `repeats` times, the passes interleaved so that a machine
-    whose speed drifts slows them alike; one untimed call each first (compilation)."""
+def measure(passes, sync, repeats, calls):
+    """Seconds per call of each pass: `repeats` times the mean of `calls` calls in a row, each
+    waited for (a step waits for the one before it), the passes taking turns so that a machine
+    whose speed drifts slows them alike; one untimed call each first (compilation). Calls in a
+    row, because a single call right after another pass ran slower (torch's LeNet: 92 ms,
+    where 20 training steps in a row took 76 ms each, optimizer included)."""
     for f in passes.values():
         sync(f())
     times = {name: [] for name in passes}
     for _ in range(repeats):
         for name, f in passes.items():
             start = time.perf_counter()
-            sync(f())
-            times[name].append(time.perf_counter() - start)
+            for _ in range(calls):
+                sync(f())
+            times[name].append((time.perf_counter() - start) / calls)
     return times
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tools.conv_grads", description=__doc__[:69])
     p.add_argument("--framework", choices=FRAMEWORKS, required=True)
     p.add_argument("--workload", choices=("lenet", "resnet18"), default="lenet")
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--calls", type=int, help="calls in a row per repeat (lenet 10, resnet18 1)")
     p.add_argument("--results", help="append the record (one JSON line) to this file")
     args = p.parse_args(argv)
-    if args.batch < 1 or args.repeats < 1:
-        p.error("--batch and --repeats must be at least 1")
+    if args.calls is None:
+        args.calls = 10 if args.workload == "lenet" else 1
+    if min(args.batch, args.repeats, args.calls) < 1:
+        p.error("--batch, --repeats and --calls must be at least 1")
+    try:
+        if args.results:
+            results.check_writable(args.results)  # before minutes of measuring, not after
+    except results.ResultsError as e:
+        p.error(str(e))
+    try:
+        devices = importlib.import_module(f"{args.framework}_impl.devices")
+    except ModuleNotFoundError as e:
+        p.error(f"{e.name} is not installed in this Python: run .venv/{args.framework}/bin/python")
     passes, sync = globals()[f"{args.framework}_passes"](args.workload, args.batch)
-    times = measure(passes, sync, args.repeats)
-    devices = importlib.import_module(f"{args.framework}_impl.devices")
+    times = measure(passes, sync, args.repeats, args.calls)
     vers, hardware = results.environment(devices.versions())
     rec = {
         "probe": "conv_grads",
-        **{k: getattr(args, k) for k in ("framework", "workload", "batch", "repeats")},
+        **{k: getattr(args, k) for k in ("framework", "workload", "batch", "repeats", "calls")},
         "cores_allowed": len(os.sched_getaffinity(0)),
         "seconds": {k: {"median": statistics.median(v), "all": v} for k, v in times.items()},
         "versions": vers,
