@@ -4,9 +4,9 @@ computed), on one device, in JAX, torch or MXNet. `python -m tools.conv_grads --
 --workload resnet18`, run with the framework's environment (.venv/<framework>/bin/python);
 `taskset -c 0` in front of it says what a second core adds (the record says `cores_allowed`).
 
-The probe behind the README's account of the frameworks' CPU steps; its records, with hardware and
-versions, are in results/conv-grads-*.jsonl. Not a benchmark of the training loop: one fixed
-random batch, no optimizer, BatchNorm in training mode, as in a step.
+The probe behind the README's account of where the frameworks' CPU time goes; its records,
+with hardware and versions, are in results/conv-grads-*.jsonl. Not a benchmark of the training
+loop: one fixed random batch, no optimizer, BatchNorm in training mode, as in a step.
 """
 
 import argparse
@@ -26,8 +26,8 @@ PASSES = ("forward", "forward+backward", "forward+backward, conv weights frozen"
 
 
 def jax_passes(workload, batch):
-    """{pass: jitted function of the parameters}, and the barrier. The frozen pass wraps the
-    4-d weights (conv kernels) in stop_gradient: XLA then leaves their gradients out."""
+    """({pass: a call of its jitted function}, the barrier). The frozen pass wraps the 4-d
+    weights (conv kernels) in stop_gradient: XLA then leaves their gradients out."""
     import jax
     from jax import lax
 
