@@ -71,7 +71,7 @@ class Record:
         if self.sec_per_epoch is None and self.seconds is None:
             raise ResultsError("a record needs sec_per_epoch or seconds")
         if not self.timestamp:
-            self.timestamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+            self.timestamp = utc_now()
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -89,12 +89,22 @@ def _required(f: dataclasses.Field) -> bool:
     return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
 
 
+def utc_now() -> str:
+    """A record's timestamp: UTC, to the second."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
 def append(record: Record, path: str | os.PathLike = DEFAULT_PATH) -> Path:
     """Append `record` as one line: one locked O_APPEND write, so never a half line."""
+    return append_line(record.to_dict(), path)
+
+
+def append_line(data: dict, path: str | os.PathLike) -> Path:
+    """Append `data` (a record's dict, or a probe's) to `path` as `append` does."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # A diverged run's nan/inf become null: JSON has no such numbers, and the record is kept.
-    line = (json.dumps(_finite(record.to_dict()), sort_keys=True, allow_nan=False) + "\n").encode()
+    line = (json.dumps(_finite(data), sort_keys=True, allow_nan=False) + "\n").encode()
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)

@@ -11,7 +11,6 @@ loop: one fixed random batch, no optimizer, BatchNorm in training mode, as in a 
 
 import argparse
 import importlib
-import json
 import os
 import statistics
 import sys
@@ -194,13 +193,12 @@ def main(argv=None):
         "versions": vers,
         "hardware": hardware,
         "git_commit": results.git_commit(),
-        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "timestamp": results.utc_now(),
     }
-    for name, v in times.items():
-        print(f"{args.framework} {args.workload} {name}: {statistics.median(v) * 1e3:.1f} ms")
+    for name, s in rec["seconds"].items():
+        print(f"{args.framework} {args.workload} {name}: {s['median'] * 1e3:.1f} ms")
     if args.results:
-        with open(args.results, "a") as f:
-            f.write(json.dumps(rec) + "\n")
+        results.append_line(rec, args.results)  # locked, one write: never a half line
 
 
 if __name__ == "__main__":
