@@ -3,6 +3,8 @@ same with the convolution weights frozen (their gradients, the weight-gradient c
 computed), on one device, in JAX, torch or MXNet. `python -m tools.conv_grads --framework jax
 --workload resnet18`, run with the framework's environment (.venv/<framework>/bin/python);
 `taskset -c 0` in front of it says what a second core adds (the record says `cores_allowed`).
+With `--kernels` (torch, MXNet) it reads oneDNN's own log of the forward and backward instead:
+the milliseconds of each kernel, named by its primitive, implementation, pass and problem.
 
 The probe behind the README's account of where the frameworks' CPU time goes; its records,
 with hardware and versions, are in results/conv-grads-*.jsonl. Not a benchmark of the training
@@ -10,10 +12,12 @@ loop: one fixed random batch, no optimizer, BatchNorm in training mode, as in a 
 """
 
 import argparse
+import ctypes
 import importlib
 import os
 import statistics
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -22,6 +26,9 @@ from common import results
 
 FRAMEWORKS = ("jax", "torch", "mxnet")
 PASSES = ("forward", "forward+backward", "forward+backward, conv weights frozen")
+# oneDNN's log of every kernel it runs, switched on by a variable it reads at its first use.
+VERBOSE = {"torch": "ONEDNN_VERBOSE", "mxnet": "MKLDNN_VERBOSE"}
+MARK = b"=== call\n"
 
 
 def jax_passes(workload, batch):
@@ -160,45 +167,141 @@ def measure(passes, sync, repeats, calls):
     return times
 
 
-def main(argv=None):
+def logged_calls(step, sync, repeats):
+    """oneDNN's log of `repeats` calls of `step` after an untimed one: ([each call's log text],
+    [each call's wall seconds]). The log goes to fd 1 (C's stdout, from the framework's worker
+    threads too), so fd 1 goes to a file meanwhile, a marker written between calls once C's
+    buffers are flushed."""
+    libc, walls = ctypes.CDLL(None), []
+    with tempfile.TemporaryFile() as log:
+        sys.stdout.flush()
+        saved = os.dup(1)
+        os.dup2(log.fileno(), 1)
+        try:
+            sync(step())
+            for _ in range(repeats):
+                libc.fflush(None)
+                os.write(1, MARK)
+                start = time.perf_counter()
+                sync(step())
+                walls.append(time.perf_counter() - start)
+            libc.fflush(None)
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+        log.seek(0)
+        text = log.read().decode(errors="replace")
+    return text.split(MARK.decode())[1:], walls
+
+
+def parse_kernels(text):
+    """{kernel: milliseconds} of one call's log, a kernel named "primitive implementation pass
+    problem" and its executions summed. oneDNN 2 (MXNet) writes `dnnl_verbose,exec,cpu,...`,
+    oneDNN 3 (torch) `onednn_verbose,v1,primitive,exec,cpu,...`; both end in problem, ms."""
+    ms = {}
+    for line in text.splitlines():
+        f = line.split(",")
+        if len(f) < 9 or "exec" not in f[:4]:
+            continue
+        i = f.index("exec")
+        name = " ".join((f[i + 2], f[i + 3], f[i + 4], f[-2]))
+        ms[name] = ms.get(name, 0.0) + float(f[-1])
+    return ms
+
+
+def kernels(step, sync, repeats):
+    """The record's part for --kernels: each kernel's median ms over the calls (largest
+    first), their sum and the calls' wall time (what runs outside oneDNN is the rest)."""
+    logs, walls = logged_calls(step, sync, repeats)
+    calls = [parse_kernels(text) for text in logs]
+    names = {name for call in calls for name in call}
+    if not names:
+        raise ValueError(
+            "oneDNN logged no kernel: it reads its log switch at its first use, so run "
+            "--kernels in a process of its own (python -m tools.conv_grads)"
+        )
+    med = {n: statistics.median(c.get(n, 0.0) for c in calls) for n in names}
+    return {
+        "pass": PASSES[1],
+        "kernels_ms": [[n, med[n]] for n in sorted(names, key=med.get, reverse=True)],
+        "onednn_ms": statistics.median(sum(c.values()) for c in calls),
+        "wall_ms": statistics.median(walls) * 1e3,
+    }
+
+
+def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m tools.conv_grads", description=__doc__[:69])
     p.add_argument("--framework", choices=FRAMEWORKS, required=True)
     p.add_argument("--workload", choices=("lenet", "resnet18"), default="lenet")
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--calls", type=int, help="calls in a row per repeat (lenet 10, resnet18 1)")
+    p.add_argument(
+        "--kernels",
+        action="store_true",
+        help="torch, mxnet: oneDNN's log of each kernel of `repeats` forward and backward "
+        "calls, instead of timing the passes",
+    )
     p.add_argument("--results", help="append the record (one JSON line) to this file")
     args = p.parse_args(argv)
     if args.calls is None:
         args.calls = 10 if args.workload == "lenet" else 1
     if min(args.batch, args.repeats, args.calls) < 1:
         p.error("--batch, --repeats and --calls must be at least 1")
+    if args.kernels and args.framework not in VERBOSE:
+        p.error(f"--kernels reads oneDNN's log: {' and '.join(VERBOSE)} only (XLA:CPU has none)")
     try:
         if args.results:
             results.check_writable(args.results)  # before minutes of measuring, not after
     except results.ResultsError as e:
         p.error(str(e))
+    return p, args
+
+
+def main(argv=None):
+    p, args = parse_args(argv)
+    if args.kernels:
+        os.environ[VERBOSE[args.framework]] = "1"  # before the framework's first oneDNN call
     try:
         devices = importlib.import_module(f"{args.framework}_impl.devices")
     except ModuleNotFoundError as e:
         p.error(f"{e.name} is not installed in this Python: run .venv/{args.framework}/bin/python")
     passes, sync = globals()[f"{args.framework}_passes"](args.workload, args.batch)
-    times = measure(passes, sync, args.repeats, args.calls)
+    if args.kernels:
+        try:
+            measured = kernels(passes[PASSES[1]], sync, args.repeats)
+        except ValueError as e:
+            p.error(str(e))
+    else:
+        times = measure(passes, sync, args.repeats, args.calls)
+        measured = {
+            "seconds": {k: {"median": statistics.median(v), "all": v} for k, v in times.items()}
+        }
     vers, hardware = results.environment(devices.versions())
     rec = {
         "probe": "conv_grads",
         **{k: getattr(args, k) for k in ("framework", "workload", "batch", "repeats", "calls")},
         "cores_allowed": len(os.sched_getaffinity(0)),
-        "seconds": {k: {"median": statistics.median(v), "all": v} for k, v in times.items()},
+        **measured,
         "versions": vers,
         "hardware": hardware,
         "git_commit": results.git_commit(),
         "timestamp": results.utc_now(),
     }
-    for name, s in rec["seconds"].items():
-        print(f"{args.framework} {args.workload} {name}: {s['median'] * 1e3:.1f} ms")
+    report(rec)
     if args.results:
         results.append_line(rec, args.results)  # locked, one write: never a half line
+
+
+def report(rec):
+    """Print the record's times: each pass's median, or the largest kernels."""
+    head = f"{rec['framework']} {rec['workload']}"
+    for name, s in rec.get("seconds", {}).items():
+        print(f"{head} {name}: {s['median'] * 1e3:.1f} ms")
+    if "kernels_ms" in rec:
+        print(f"{head} {rec['pass']}: {rec['wall_ms']:.1f} ms, {rec['onednn_ms']:.1f} in oneDNN")
+        for name, ms in rec["kernels_ms"][:12]:
+            print(f"{ms:9.2f} ms  {name}")
 
 
 if __name__ == "__main__":

@@ -9,5 +9,9 @@ def test_probe_writes_one_record(tmp_path):
     probe_checks.check_record("mxnet", tmp_path)
 
 
+def test_probe_records_onednns_kernels(tmp_path):
+    probe_checks.check_kernels("mxnet", tmp_path)
+
+
 def test_frozen_pass_computes_every_gradient_but_the_conv_weights():
     probe_checks.check_frozen_pass(conv_grads.mxnet_passes("lenet", 8), lenet.SHAPES)
