@@ -37,10 +37,15 @@ def lenet(X, params):
     def avg_pool(x):
         return nd.Pooling(x, pool_type="avg", kernel=(2, 2), stride=(2, 2))
 
-    h = avg_pool(nd.relu(conv(X, "conv1")))
-    h = avg_pool(nd.relu(conv(h, "conv2")))
+    def relu(x):
+        # Activation, not nd.relu: oneDNN's kernel, not MXNet's generic one (a step at batch
+        # 256 on a 2-core AVX2 CPU: 148 against 157 ms, the same numbers).
+        return nd.Activation(x, act_type="relu")
+
+    h = avg_pool(relu(conv(X, "conv1")))
+    h = avg_pool(relu(conv(h, "conv2")))
     h = h.reshape((h.shape[0], -1))  # NCHW flatten: 50 x 4 x 4 = 800
-    h = nd.relu(nd.FullyConnected(h, params["fc1.weight"], params["fc1.bias"], num_hidden=128))
+    h = relu(nd.FullyConnected(h, params["fc1.weight"], params["fc1.bias"], num_hidden=128))
     return nd.FullyConnected(h, params["fc2.weight"], params["fc2.bias"], num_hidden=10)
 
 
