@@ -290,6 +290,9 @@ def make_record(framework, args, plan, cfg, device_names, framework_versions, **
         fields["extra"] = {**fields.get("extra", {}), "data_dir": str(data.find_dir())}
     if framework == "torch":  # eager, or compiled (--compile): JAX and MXNet always compile
         fields["extra"] = {**fields.get("extra", {}), "compiled": getattr(args, "compile", False)}
+    # The threads an operator computed with (MXNet's default was half the CPUs: set_mxnet_threads).
+    threads = importlib.import_module(f"{framework}_impl.devices").threads()
+    fields["extra"] = {**fields.get("extra", {}), "threads": threads}
     gpus = [g["name"] for g in hardware["gpus"]] if plan.platform == "gpu" else []
     fields["flops"] = flops.record_fields(
         args.workload,

@@ -48,3 +48,9 @@ def versions() -> dict[str, str]:
         "flax": flax.__version__,
         "optax": optax.__version__,
     }
+
+
+def threads() -> int | None:
+    """The threads an operator computes with: None, as XLA:CPU sizes its own thread pools
+    and no API of JAX's says how."""
+    return None

@@ -2,7 +2,13 @@
 
 import sys
 
-from common import cli
+from common import cli, devices
+
+
+def before_import(plan: devices.DevicePlan) -> None:
+    # MXNet fixes its OpenMP threads when it loads: every CPU allowed, not its default half.
+    devices.set_mxnet_threads()
+
 
 if __name__ == "__main__":
-    sys.exit(cli.run("mxnet"))
+    sys.exit(cli.run("mxnet", before_import=before_import))

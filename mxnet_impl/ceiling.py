@@ -4,11 +4,12 @@ Side by side with torch_impl/ceiling.py and jax_impl/ceiling.py; the training st
 `<workload>_step` returns is the one its training loop runs, without the loop around it.
 """
 
+import os
 import sys
 
 from mxnet import autograd, nd
 
-from common import ceiling, cli
+from common import ceiling, cli, devices
 from mxnet_impl import devices as mdev
 from mxnet_impl import lenet, resnet18
 
@@ -69,4 +70,9 @@ def main(args, plan, cfg):
 
 
 if __name__ == "__main__":
+    # This module's imports loaded MXNet, which fixed its OpenMP threads then: when they were
+    # its default half of the CPUs, start again with every CPU allowed (mxnet_impl/__main__.py
+    # sets them before MXNet loads instead).
+    if devices.set_mxnet_threads():
+        os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
     sys.exit(ceiling.run(FRAMEWORK, main))

@@ -1,6 +1,7 @@
 """A DevicePlan as MXNet contexts, the barrier for the timer, and versions for the record."""
 
 import contextlib
+import ctypes
 import os
 
 import mxnet as mx
@@ -31,6 +32,15 @@ def device_names(devs: list[mx.Context]) -> list[str]:
 
 def versions() -> dict[str, str]:
     return {"mxnet": mx.__version__}
+
+
+def threads() -> int | None:
+    """The threads an operator computes with: the OpenMP count MXNet set when it loaded
+    (common.devices.set_mxnet_threads), read from the libgomp it links; None without one."""
+    try:
+        return ctypes.CDLL("libgomp.so.1").omp_get_max_threads()
+    except OSError:
+        return None
 
 
 def has_bf16() -> bool:

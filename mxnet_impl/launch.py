@@ -42,7 +42,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common import cli, config, processes
+from common import cli, config, devices, processes
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVE = [sys.executable, "-c", "import mxnet"]  # a scheduler or server, by its DMLC_ROLE
@@ -108,8 +108,11 @@ def _environment(workers: int, servers: int, port: int) -> dict:
         DMLC_NUM_WORKER=str(workers),
         DMLC_NODE_HOST="127.0.0.1",  # every process on loopback, whatever the interfaces
     )
-    # The workers share the cores instead of each taking them all.
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
+    # The workers share this process's threads (every CPU allowed, or the user's count:
+    # devices.set_mxnet_threads) instead of each taking them all.
+    own = os.environ.get(devices.OMP_THREADS_ENV, "")
+    budget = int(own) if own.isdigit() else devices.cores_allowed()
+    env[devices.OMP_THREADS_ENV] = str(max(1, budget // workers))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env[cli.NOTE_SHOWN_ENV] = "1"  # this process (cli.run) already said the devices are virtual
     return env

@@ -22,6 +22,7 @@ import time
 
 import numpy as np
 
+from common import devices as cdevices
 from common import results
 
 FRAMEWORKS = ("jax", "torch", "mxnet")
@@ -262,6 +263,8 @@ def main(argv=None):
     p, args = parse_args(argv)
     if args.kernels:
         os.environ[VERBOSE[args.framework]] = "1"  # before the framework's first oneDNN call
+    if args.framework == "mxnet":
+        cdevices.set_mxnet_threads()  # before MXNet loads, as python -m mxnet_impl does
     try:
         devices = importlib.import_module(f"{args.framework}_impl.devices")
     except ModuleNotFoundError as e:
@@ -281,7 +284,8 @@ def main(argv=None):
     rec = {
         "probe": "conv_grads",
         **{k: getattr(args, k) for k in ("framework", "workload", "batch", "repeats", "calls")},
-        "cores_allowed": len(os.sched_getaffinity(0)),
+        "cores_allowed": cdevices.cores_allowed(),
+        "threads": devices.threads(),
         **measured,
         "versions": vers,
         "hardware": hardware,

@@ -28,6 +28,11 @@ def versions() -> dict[str, str]:
     return {"torch": torch.__version__, "cuda": torch.version.cuda or "none"}
 
 
+def threads() -> int | None:
+    """The threads an operator computes with: torch's intra-op count."""
+    return torch.get_num_threads()
+
+
 def gpu_layout(net: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     """`net` as a GPU trains it best: cuDNN times its algorithms for each (fixed) shape once, in
     the warm-up, and channels-last (NHWC) is the layout tensor cores want, sparing a transpose

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from common import cli, config, processes
+from common import cli, config, devices, processes
 
 ROOT = Path(__file__).resolve().parent.parent
 ERROR_FILE_ENV = "MULTIDEVICE_WORKER_ERROR_FILE"  # where a worker leaves its one-line error
@@ -112,7 +112,7 @@ def torchrun(module: str, argv: list[str], nproc: int, what: str, nodes: Nodes |
     env = dict(os.environ)
     # torchrun sets OMP_NUM_THREADS=1 when it is unset (docs/design.md, traps): the processes
     # share the cores instead.
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    env.setdefault("OMP_NUM_THREADS", str(max(1, devices.cores_allowed() // nproc)))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     cmd = [sys.executable, "-m", "torch_impl.torchrun"]  # torch.distributed.run, quiet if stopped
     cmd += nodes.torchrun_options() if nodes else ["--standalone"]

@@ -137,3 +137,13 @@ def test_isa_caps_name_each_variable_that_caps(monkeypatch):
         "XLA_FLAGS", "--xla_cpu_max_isa=AVX2 --xla_force_host_platform_device_count=2"
     )
     assert devices.isa_caps() == {"ONEDNN_MAX_CPU_ISA": "AVX2", "xla_cpu_max_isa": "AVX2"}
+
+
+def test_mxnet_gets_every_cpu_allowed_unless_the_user_chose(monkeypatch):
+    monkeypatch.delenv(devices.OMP_THREADS_ENV, raising=False)
+    assert devices.set_mxnet_threads()
+    assert os.environ[devices.OMP_THREADS_ENV] == str(len(os.sched_getaffinity(0)))
+    monkeypatch.setenv(devices.OMP_THREADS_ENV, "3")
+    assert not devices.set_mxnet_threads() and os.environ[devices.OMP_THREADS_ENV] == "3"
+    monkeypatch.setenv(devices.OMP_THREADS_ENV, "")  # empty: OpenMP's default, as if unset
+    assert devices.set_mxnet_threads()
