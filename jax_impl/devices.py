@@ -1,4 +1,4 @@
-"""A DevicePlan as JAX devices, the barrier for the timer, and versions for the record.
+"""A DevicePlan as JAX devices, the barrier for the timer, and versions and threads for the record.
 
 The host device count was set before JAX was imported (jax_impl/__main__.py, or the tests'
 conftest); here we only take the first N devices of the platform.

@@ -1,4 +1,5 @@
-"""A DevicePlan as MXNet contexts, the barrier for the timer, and versions for the record."""
+"""A DevicePlan as MXNet contexts, the barrier for the timer, and versions and threads for the
+record."""
 
 import contextlib
 import ctypes

@@ -1,5 +1,5 @@
-"""A DevicePlan as torch devices, the barrier for the timer, versions for the record, and how a
-GPU trains: its layout and the compile mode of --compile."""
+"""A DevicePlan as torch devices, the barrier for the timer, versions and threads for the record,
+and how a GPU trains: its layout and the compile mode of --compile."""
 
 import torch
 
