@@ -1,5 +1,6 @@
 """Several processes that must meet: their settings from the environment, the coordinator's
-address and port, and a bounded wait (docs/design.md, "Devices").
+address and port, and a bounded wait (docs/design.md, "Devices"); and a file descriptor sent
+elsewhere for a while, for what C libraries write.
 
 A framework's own wait for its peers can end in a C++ abort or a silent hang; the run instead
 checks what it can before the wait and gives the wait a deadline of its own that ends the
@@ -75,3 +76,16 @@ def deadline(seconds: float, line: str, code: int) -> Iterator[None]:
         yield
     finally:
         timer.cancel()
+
+
+@contextmanager
+def fd_redirected(fd: int, target: int) -> Iterator[None]:
+    """File descriptor `fd` (1: stdout, 2: stderr) writes to descriptor `target` meanwhile: C
+    libraries (oneDNN's log, MXNet's messages) write to the descriptor, past sys.stdout."""
+    saved = os.dup(fd)
+    try:
+        os.dup2(target, fd)
+        yield
+    finally:
+        os.dup2(saved, fd)
+        os.close(saved)

@@ -1,13 +1,12 @@
 """A DevicePlan as MXNet contexts, the barrier for the timer, and versions and threads for the
 record."""
 
-import contextlib
 import ctypes
 import os
 
 import mxnet as mx
 
-from common import devices
+from common import devices, processes
 
 
 def get_devices(plan: devices.DevicePlan) -> list[mx.Context]:
@@ -50,21 +49,10 @@ def has_bf16() -> bool:
     from mxnet.contrib.amp.amp import bfloat16
 
     one = mx.nd.amp_cast(mx.nd.ones((1, 1, 1, 1)), dtype=bfloat16)
-    with _quiet_stderr():  # MXNet logs the failed oneDNN attempt before raising or falling back
+    # MXNet logs the failed oneDNN attempt before raising or falling back: not to the terminal.
+    with open(os.devnull, "w") as null, processes.fd_redirected(2, null.fileno()):
         try:
             mx.nd.Convolution(one, one, kernel=(1, 1), num_filter=1, no_bias=True).wait_to_read()
         except mx.base.MXNetError:
             return False
     return True
-
-
-@contextlib.contextmanager
-def _quiet_stderr():
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 2)
-            yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)

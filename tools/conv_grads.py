@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 from common import devices as cdevices
-from common import results
+from common import processes, results
 
 FRAMEWORKS = ("jax", "torch", "mxnet")
 PASSES = ("forward", "forward+backward", "forward+backward, conv weights frozen")
@@ -176,9 +176,7 @@ def logged_calls(step, sync, repeats):
     libc, walls = ctypes.CDLL(None), []
     with tempfile.TemporaryFile() as log:
         sys.stdout.flush()
-        saved = os.dup(1)
-        os.dup2(log.fileno(), 1)
-        try:
+        with processes.fd_redirected(1, log.fileno()):
             sync(step())
             for _ in range(repeats):
                 libc.fflush(None)
@@ -187,9 +185,6 @@ def logged_calls(step, sync, repeats):
                 sync(step())
                 walls.append(time.perf_counter() - start)
             libc.fflush(None)
-        finally:
-            os.dup2(saved, 1)
-            os.close(saved)
         log.seek(0)
         text = log.read().decode(errors="replace")
     return text.split(MARK.decode())[1:], walls
