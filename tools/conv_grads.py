@@ -5,6 +5,7 @@ computed), on one device, in JAX, torch or MXNet. `python -m tools.conv_grads --
 `taskset -c 0` in front of it says what a second core adds (the record says `cores_allowed`).
 With `--kernels` (torch, MXNet) it reads oneDNN's own log of the forward and backward instead:
 the milliseconds of each kernel, named by its primitive, implementation, pass and problem.
+`--compile` (torch resnet18) probes the model torch.compiled, as `--compile` trains it.
 
 The probe behind the README's account of where the frameworks' CPU time goes; its records,
 with hardware and versions, are in results/conv-grads-*.jsonl. Not a benchmark of the training
@@ -13,6 +14,7 @@ loop: one fixed random batch, no optimizer, BatchNorm in training mode, as in a 
 
 import argparse
 import ctypes
+import functools
 import importlib
 import os
 import statistics
@@ -66,13 +68,14 @@ def jax_passes(workload, batch):
     return passes, jax.block_until_ready
 
 
-def torch_passes(workload, batch):
-    """The same three passes in eager torch: the frozen one sets requires_grad=False on the
-    4-d weights, so autograd asks oneDNN for no weight gradient. A pass returns the
-    gradients (the loss for the forward), as the jitted JAX ones do."""
+def torch_passes(workload, batch, compiled=False):
+    """The same three passes in eager torch, or with the model torch.compiled as `--compile`
+    trains it: the frozen one sets requires_grad=False on the 4-d weights, so autograd asks
+    oneDNN for no weight gradient (compiled: a graph of its own, compiled in the untimed
+    call). A pass returns the gradients (the loss for the forward), as the jitted JAX ones do."""
     import torch
 
-    from torch_impl import lenet, resnet18
+    from torch_impl import devices, lenet, resnet18
 
     rng = np.random.default_rng(0)
     x = torch.from_numpy(rng.standard_normal((batch, 1, 28, 28)).astype("float32"))
@@ -87,6 +90,8 @@ def torch_passes(workload, batch):
         model = resnet18.resnet18()
         resnet18.init_weights(model, 0.01, 0)
         weights, mod = dict(model.named_parameters()), resnet18
+        if compiled:
+            devices.compile_model(model, torch.device("cpu"))
 
     def run(frozen=False, backward=True):
         for w in weights.values():
@@ -238,12 +243,20 @@ def parse_args(argv):
         help="torch, mxnet: oneDNN's log of each kernel of `repeats` forward and backward "
         "calls, instead of timing the passes",
     )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch resnet18: the model torch.compiled, as --compile trains it",
+    )
     p.add_argument("--results", help="append the record (one JSON line) to this file")
     args = p.parse_args(argv)
     if args.calls is None:
         args.calls = 10 if args.workload == "lenet" else 1
     if min(args.batch, args.repeats, args.calls) < 1:
         p.error("--batch, --repeats and --calls must be at least 1")
+    if args.compile and (args.framework, args.workload) != ("torch", "resnet18"):
+        p.error("--compile: torch resnet18 only, as in training (JAX always compiles, MXNet's "
+                "resnet18 is hybridized, torch's lenet has no compiled path)")  # fmt: skip
     if args.kernels and args.framework not in VERBOSE:
         p.error(f"--kernels reads oneDNN's log: {' and '.join(VERBOSE)} only (XLA:CPU has none)")
     try:
@@ -264,7 +277,10 @@ def main(argv=None):
         devices = importlib.import_module(f"{args.framework}_impl.devices")
     except ModuleNotFoundError as e:
         p.error(f"{e.name} is not installed in this Python: run .venv/{args.framework}/bin/python")
-    passes, sync = globals()[f"{args.framework}_passes"](args.workload, args.batch)
+    make = globals()[f"{args.framework}_passes"]
+    if args.compile:  # torch only (parse_args)
+        make = functools.partial(make, compiled=True)
+    passes, sync = make(args.workload, args.batch)
     if args.kernels:
         try:
             measured = kernels(passes[PASSES[1]], sync, args.repeats)
@@ -279,6 +295,7 @@ def main(argv=None):
     rec = {
         "probe": "conv_grads",
         **{k: getattr(args, k) for k in ("framework", "workload", "batch", "repeats", "calls")},
+        "compiled": args.compile,
         "cores_allowed": cdevices.cores_allowed(),
         "threads": devices.threads(),
         **measured,

@@ -60,7 +60,6 @@ def main(args, plan, cfg):
     warmup, steps, repeats = ceiling.counts(args, cfg)
     timer = ceiling.measure(step, state, sync, warmup, steps, repeats)
     fields = ceiling.record_fields(timer, cfg, args.amp, warmup, steps)
-    fields["extra"]["omp_num_threads"] = torch.get_num_threads()
     fields["extra"] |= tdev.compile_fields(args.compile, device)
     names, versions = tdev.device_names([device]), tdev.versions()
     rec = cli.make_record(FRAMEWORK, args, plan, cfg, names, versions, **fields)

@@ -330,7 +330,7 @@ def _run(args, plan, cfg, strategy, devs):
         if strategy == "dataparallel"
         else [f"rank{r}:{devs[0].type}" for r in range(world)]
     )
-    extra = {**usage, "omp_num_threads": torch.get_num_threads(), "world_size": world}
+    extra = {**usage, "world_size": world}  # threads: cli.make_record
     extra["ddp_wrapper"] = strategy == "ddp" and world > 1  # one rank: the plain module (ddp)
     extra |= tdev.compile_fields(args.compile, devs[0], world)  # --compile: mode, graphs left out
     extra["nnodes"] = int(os.environ.get("GROUP_WORLD_SIZE", 1))  # torchrun's: the nodes

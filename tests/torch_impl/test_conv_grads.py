@@ -15,3 +15,14 @@ def test_probe_records_onednns_kernels(tmp_path):
 
 def test_frozen_pass_computes_every_gradient_but_the_conv_weights():
     probe_checks.check_frozen_pass(conv_grads.torch_passes("lenet", 8), lenet.SHAPES)
+
+
+def test_compile_probes_the_model_as_training_compiles_it(monkeypatch):
+    """--compile hands the ResNet-18 to the training's own compile_model (a flag the passes
+    ignored would time eager torch under a compiled label)."""
+    from torch_impl import devices
+
+    compiled = []
+    monkeypatch.setattr(devices, "compile_model", lambda net, device: compiled.append(net))
+    conv_grads.torch_passes("resnet18", 2, compiled=True)
+    assert len(compiled) == 1 and hasattr(compiled[0], "stem")  # the ResNet-18 itself

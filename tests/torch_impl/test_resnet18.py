@@ -212,6 +212,7 @@ def test_smoke_ddp_end_to_end(smoke_ddp):
     extra = rec["extra"]
     assert extra["utilization_source"] == "cpu_time" and len(extra["utilization"]) == 2
     assert len(extra["peak_memory_bytes"]) == 2 and extra["omp_num_threads_env"] == "1"
+    assert extra["threads"] == 1  # torchrun's one thread per rank, read back from torch
     assert "sec/epoch (extrapolated) on [2 x cpu (virtual)]" in out.stdout.splitlines()[-1]
     assert out.stdout.count("test acc:") == 1  # only rank 0 reports
     assert extra["compiled"] is False  # eager: --compile not given
