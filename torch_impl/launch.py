@@ -112,7 +112,7 @@ def torchrun(module: str, argv: list[str], nproc: int, what: str, nodes: Nodes |
     env = dict(os.environ)
     # torchrun sets OMP_NUM_THREADS=1 when it is unset (docs/design.md, traps): the processes
     # share the cores instead.
-    env.setdefault("OMP_NUM_THREADS", str(max(1, devices.cores_allowed() // nproc)))
+    env.setdefault(devices.OMP_THREADS_ENV, str(max(1, devices.cores_allowed() // nproc)))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     cmd = [sys.executable, "-m", "torch_impl.torchrun"]  # torch.distributed.run, quiet if stopped
     cmd += nodes.torchrun_options() if nodes else ["--standalone"]
