@@ -86,7 +86,8 @@ def machine_line(machine: Machine, root: Path) -> str:
         found = sorted({framework_version(e) for e in mine})
         if found:
             versions.append(" / ".join(found))
-    commits = sorted({e.rec.git_commit or "unknown" for e in machine.entries})
+    # 12 characters, as git_commit writes them; $RESULTS_GIT_COMMIT may have given all 40.
+    commits = sorted({(e.rec.git_commit or "unknown")[:12] for e in machine.entries})
     return (
         f"**{machine.title}** ({', '.join(f'`{f}`' for f in files)}; {', '.join(versions)}; "
         f"commit{'s' if len(commits) > 1 else ''} {', '.join(commits)})"

@@ -55,9 +55,12 @@ def compile_mode(device: torch.device, processes: int = 1) -> str:
 def compile_model(net: torch.nn.Module, device: torch.device, processes: int = 1) -> int:
     """torch.compile `net` in place (it compiles on its first call for each batch shape); returns
     how many calls per shape the warm-up needs: CUDA graph trees run a new graph eagerly on its
-    first call and record it on its second, so graphs need a third to replay before timing."""
+    first call and record it on its second, so graphs need a third to replay before timing.
+    dynamic=False: a graph specialised to each batch shape, as the ceiling's one shape is. By
+    default the second shape (an epoch's last, partial batch) compiles for a symbolic batch (the
+    full batches keep their own graph either way)."""
     mode = compile_mode(device, processes)
-    net.compile(mode=mode)
+    net.compile(mode=mode, dynamic=False)
     return 3 if mode == "reduce-overhead" else 1
 
 

@@ -17,18 +17,12 @@ Several machines (ddp): the same command on every node, with `--gpus` per node:
 R = 0 on HOST, whose torchrun hosts the rendezvous on port 29500, and 1 on the other. The world
 size is nnodes x G and the batch and lr scale with it; the record (extra.nnodes) is appended to
 `--results` on the node that torchrun makes rank 0 (c10d numbers the nodes itself). Two "nodes"
-on one machine work the same with HOST=127.0.0.1. What each node runs (torch_impl/launch.py,
-through torch_impl/torchrun.py):
-
-  python -m torch.distributed.run --nnodes=2 --nproc-per-node=G --rdzv-backend=c10d \
-      --rdzv-endpoint=HOST:29500 --rdzv-id=multidevice \
-      --rdzv-conf=is_host=true,join_timeout=360,read_timeout=360 -m torch_impl.resnet18 ...
-
-(is_host=false on the other nodes). torch's waits end in tracebacks, and a client of a busy port
-waits forever (torch 2.15): node 0 checks that the port is free, every node waits at most
-`--rdzv-timeout` s (torch's are 60 s later); a busy port or a missing node: one line, exit 2.
-Ctrl-C stops the node's torchrun and workers (exit 130, "interrupted; no record written"); the
-other nodes then fail (tracebacks for the lost peer, then a line of their own).
+on one machine work the same with HOST=127.0.0.1. Each node runs torchrun with a c10d rendezvous
+(torch_impl/launch.py builds it; is_host=true on node 0 only). torch's waits end in tracebacks,
+and a client of a busy port waits forever (torch 2.15): node 0 checks that the port is free,
+every node waits at most `--rdzv-timeout` s (torch's are 60 s later); a busy port or a missing
+node: one line, exit 2. Ctrl-C stops the node's torchrun and workers (exit 130, "interrupted; no
+record written"); the other nodes then fail (tracebacks for the lost peer, then their own line).
 """
 
 from __future__ import annotations
@@ -77,10 +71,8 @@ class Residual(nn.Module):
 
 
 class ResNet18(nn.Sequential):
-    """nn.Sequential with a forward of its own. torch 2.11's in-place `Module.compile` begins
-    tracing at the first frame outside torch, so a plain nn.Sequential compiled block by block:
-    8 graphs, the stem and head left eager, the recompile limit hit (one H100: 2.3 s/epoch, as
-    eager). With this frame the whole network is one graph."""
+    """A Sequential with a forward of its own: torch 2.11's Module.compile traces it as one graph,
+    a plain one block by block (8 graphs, stem and head eager: one H100, 2.3 s/epoch, as eager)."""
 
     def forward(self, x):
         for layer in self:
@@ -195,10 +187,9 @@ def data_parallel(net, devs):
 def ddp(net, device):
     """DistributedDataParallel: this process is one rank of the process group (torchrun started
     one per device). DDP broadcasts rank 0's weights, and during backward all-reduces (averages)
-    the gradients in buckets, so every rank takes the same step on its row of the batch. One
-    rank has nothing to average but DDP would still bucket and all-reduce every gradient (one
-    H100: 3.17 s/epoch against DataParallel's 2.60, which runs the module directly on one GPU),
-    so it trains the plain module, as JAX's one-device mesh and Gluon's one-context Trainer do."""
+    the gradients in buckets, so every rank takes the same step on its row of the batch. One rank
+    has nothing to average, but DDP would still all-reduce every gradient (one H100: 3.17 s/epoch,
+    DataParallel 2.60): it trains the plain module, as JAX and Gluon do on one device."""
     if dist.get_world_size() == 1:
         return net
     return nn.parallel.DistributedDataParallel(
@@ -216,8 +207,8 @@ def train(
     rank, world = (dist.get_rank(), dist.get_world_size()) if strategy == "ddp" else (0, 1)
     device = devs[0]
     # --compile: the inner module, in place (its weights keep their names), before DDP or
-    # DataParallel wraps it, as torch's docs advise. It compiles, and on one GPU captures its
-    # CUDA graphs, in the warm-up below, never in a timed epoch (evaluation runs eagerly).
+    # DataParallel wraps it, as torch's docs advise. It compiles (and captures CUDA graphs) in
+    # the warm-up below, never in a timed epoch; evaluation runs eagerly.
     calls = tdev.compile_model(net, device, world) if compiled else 1
     net = ddp(net, device) if strategy == "ddp" else data_parallel(net, devs)
     x_train, y_train, x_test, y_test = _to_device(ds, device)
@@ -268,8 +259,7 @@ def _to_device(ds, device):
 
 def _rows(steps, rank, world, device):
     """This rank's row of every global batch in `steps`, from one host-to-device copy: a copy
-    per step (`.to` waits for the GPU to finish what is queued) would stop the CPU from
-    queueing the next step while the GPU runs this one."""
+    per step (`.to` waits for the queued GPU work) would keep the CPU from queueing ahead."""
     rows = [data.shard_batch(idx, world)[rank] for idx in steps]
     flat = torch.from_numpy(np.concatenate(rows)).to(device)
     ends = np.cumsum([len(r) for r in rows])

@@ -23,7 +23,9 @@ MAX_FILE_LINES = 400
 # Framework-forced extras, per workload and framework.
 EXTRAS = {
     "resnet18": {
-        "torch": {"ddp_worker"},  # the DDP worker entry that torchrun starts, one per device
+        # the DDP worker entry that torchrun starts, one per device; a Sequential with a forward
+        # of its own, which torch 2.11's Module.compile traces as one graph (a plain one: 8)
+        "torch": {"ddp_worker", "ResNet18"},
         # flax needs a Module class where torch and Gluon compose a Sequential; BatchNorm's
         # settings in one place; jax.distributed joins the processes before any backend starts
         "jax": {"batch_norm", "ResNet18", "distributed_init"},
