@@ -17,12 +17,18 @@ Several machines (ddp): the same command on every node, with `--gpus` per node:
 R = 0 on HOST, whose torchrun hosts the rendezvous on port 29500, and 1 on the other. The world
 size is nnodes x G and the batch and lr scale with it; the record (extra.nnodes) is appended to
 `--results` on the node that torchrun makes rank 0 (c10d numbers the nodes itself). Two "nodes"
-on one machine work the same with HOST=127.0.0.1. Each node runs torchrun with a c10d rendezvous
-(torch_impl/launch.py builds it; is_host=true on node 0 only). torch's waits end in tracebacks,
-and a client of a busy port waits forever (torch 2.15): node 0 checks that the port is free,
-every node waits at most `--rdzv-timeout` s (torch's are 60 s later); a busy port or a missing
-node: one line, exit 2. Ctrl-C stops the node's torchrun and workers (exit 130, "interrupted; no
-record written"); the other nodes then fail (tracebacks for the lost peer, then their own line).
+on one machine work the same with HOST=127.0.0.1. What each node runs (torch_impl/launch.py,
+through torch_impl/torchrun.py):
+
+  python -m torch.distributed.run --nnodes=2 --nproc-per-node=G --rdzv-backend=c10d \
+      --rdzv-endpoint=HOST:29500 --rdzv-id=multidevice \
+      --rdzv-conf=is_host=true,join_timeout=360,read_timeout=360 -m torch_impl.resnet18 ...
+
+(is_host=false on the other nodes). torch's waits end in tracebacks, and a client of a busy port
+waits forever (torch 2.15): node 0 checks that the port is free, every node waits at most
+`--rdzv-timeout` s (torch's are 60 s later); a busy port or a missing node: one line, exit 2.
+Ctrl-C stops the node's torchrun and workers (exit 130, "interrupted; no record written"); the
+other nodes then fail (tracebacks for the lost peer, then a line of their own).
 """
 
 from __future__ import annotations
@@ -227,8 +233,7 @@ def train(
             train_step(net, optimizer, x_train[sel], y_train[sel], amp)
     net.load_state_dict(initial)
     for epoch in range(cfg.epochs):
-        steps = data.batches(len(y_train), cfg.batch_size, cfg.seed, epoch)
-        steps = steps[: cfg.steps_per_epoch]
+        steps = data.batches(len(y_train), cfg.batch_size, cfg.seed, epoch)[: cfg.steps_per_epoch]
         total = torch.zeros((), device=device)
         bar = cli.progress(range(len(steps)), len(steps), f"epoch {epoch + 1}", no_progress or rank)
         with sampler.measure(), timer.region():
@@ -327,11 +332,8 @@ def _run(args, plan, cfg, strategy, devs):
     if rank != 0:
         return
     world = dist.get_world_size() if strategy == "ddp" else 1
-    names = (
-        tdev.device_names(devs)
-        if strategy == "dataparallel"
-        else [f"rank{r}:{devs[0].type}" for r in range(world)]
-    )
+    ranks = [f"rank{r}:{devs[0].type}" for r in range(world)]
+    names = tdev.device_names(devs) if strategy == "dataparallel" else ranks
     extra = {**usage, "world_size": world}  # threads: cli.make_record
     extra["ddp_wrapper"] = strategy == "ddp" and world > 1  # one rank: the plain module (ddp)
     extra |= tdev.compile_fields(args.compile, devs[0], world)  # --compile: mode, graphs left out
@@ -370,9 +372,7 @@ def _worker_argv(args):
     argv += ["--preset", args.preset, "--strategy", "ddp", "--amp", args.amp]
     argv += ["--results", str(args.results)]
     overrides = (("--epochs", args.epochs), ("--batch-size", args.batch_size), ("--lr", args.lr))
-    for flag, value in overrides:
-        if value is not None:
-            argv += [flag, str(value)]
+    argv += [part for flag, v in overrides if v is not None for part in (flag, str(v))]
     argv += [flag for flag, on in (("--compile", args.compile), ("--ceiling", args.ceiling)) if on]
     return argv + (["--no-progress"] if args.no_progress else [])
 
