@@ -13,6 +13,7 @@ import json
 import math
 import os
 import platform
+import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -183,6 +184,13 @@ def _short(e: Exception) -> str:
 
 
 COMMIT_ENV = "RESULTS_GIT_COMMIT"
+
+
+def short_commit(commit: str | None) -> str:
+    """`commit` as git_commit writes it: a full SHA ($RESULTS_GIT_COMMIT may give all 40
+    characters) shortened to 12; `-dirty` and anything else kept as they are."""
+    commit = commit or "unknown"
+    return commit[:12] if re.fullmatch(r"[0-9a-f]{40}", commit) else commit
 
 
 def git_commit() -> str | None:

@@ -13,6 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from common import results
 from compare import ceiling, model_report, records, tables
 from compare.records import Entry, Machine
 from compare.render import markdown_table
@@ -86,8 +87,7 @@ def machine_line(machine: Machine, root: Path) -> str:
         found = sorted({framework_version(e) for e in mine})
         if found:
             versions.append(" / ".join(found))
-    # 12 characters, as git_commit writes them; $RESULTS_GIT_COMMIT may have given all 40.
-    commits = sorted({(e.rec.git_commit or "unknown")[:12] for e in machine.entries})
+    commits = sorted({results.short_commit(e.rec.git_commit) for e in machine.entries})
     return (
         f"**{machine.title}** ({', '.join(f'`{f}`' for f in files)}; {', '.join(versions)}; "
         f"commit{'s' if len(commits) > 1 else ''} {', '.join(commits)})"

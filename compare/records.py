@@ -392,4 +392,5 @@ def environment_text(rec: Record) -> str:
     first = [rec.framework] if rec.framework in versions else []
     order = first + sorted(k for k in versions if k != rec.framework)
     version_text = ", ".join(f"{k} {versions[k]}" for k in order) or "versions unknown"
-    return f"{cpu}{cores}; {gpu_text}; {version_text}; commit {rec.git_commit or 'unknown'}"
+    commit = results.short_commit(rec.git_commit)
+    return f"{cpu}{cores}; {gpu_text}; {version_text}; commit {commit}"

@@ -135,6 +135,13 @@ def test_git_commit_comes_from_the_environment_when_set(tmp_path, monkeypatch):
     assert results.git_commit() == "abc123"
 
 
+def test_short_commit_shortens_a_full_sha_only():
+    sha = "c84edd97b8c348a8610b24fe20425e586f2efd38"  # as $RESULTS_GIT_COMMIT may give it
+    assert results.short_commit(sha) == "c84edd97b8c3"
+    assert results.short_commit("c84edd97b8c3-dirty") == "c84edd97b8c3-dirty"  # kept whole
+    assert results.short_commit(None) == "unknown"
+
+
 def test_appending_to_a_committed_results_file_is_not_dirty(tmp_path, monkeypatch):
     def git(*args):
         subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path,
