@@ -50,11 +50,11 @@ def parser(framework: str) -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=cli.whole_number, default=None, help="timed repeats")
     p.add_argument("--warmup", type=cli.whole_number, default=None, help="untimed steps first")
     p.add_argument("--amp", choices=("off", "bf16"), default="off", help="as in training")
-    p.add_argument("--compile", action="store_true", help="torch resnet18: torch.compile")
+    p.add_argument("--compile", action="store_true", help="torch: torch.compile, as in training")
     p.add_argument("--results", default=str(results.DEFAULT_PATH))
     p.add_argument("--no-progress", action="store_true", help="accepted, as by training runs")
     # cli.check_compile reads the strategy: the ceiling has none of the training's, so the
-    # default (resnet18: ddp, which compiles) applies.
+    # default (lenet: scratch, resnet18: ddp, both of which compile) applies.
     p.set_defaults(strategy=None, sweep=False)
     return p
 

@@ -51,6 +51,7 @@ RUNS: tuple[Run, ...] = (
     #   workload    gpus  frameworks   strategy        flags        needs
     Run("lenet",    1,    ALL,         None),
     Run("lenet",    2,    ALL,         None),
+    Run("lenet",    1,    ("torch",),  None,           COMPILED),
     Run("resnet18", 1,    ("torch",),  "ddp"),
     Run("resnet18", 2,    ("torch",),  "ddp"),
     Run("resnet18", 1,    ("torch",),  "ddp",          BF16,        "bf16",   BF16_WHY),

@@ -16,8 +16,9 @@ from compare.tables import DASH, STAR, Table, decimals
 NO_PEAK = "n/a (peak unknown)"
 COMPILED_NOTE = (
     "torch runs eagerly unless its strategy says `+compiled` (`--compile`: torch.compile); "
-    "JAX always compiles (jit) and MXNet's resnet18 and resnet50 are hybridized (compiled) Gluon "
-    "blocks, so their rows are compiled programs."
+    "JAX always compiles (jit; lenet's per-device step) and MXNet's resnet18 and resnet50 are "
+    "hybridized (compiled) Gluon blocks, so their rows are compiled programs; MXNet's lenet runs "
+    "NDArray operations eagerly."
 )
 
 

@@ -16,9 +16,10 @@ from jax_impl import lenet, resnet18
 FRAMEWORK = "jax"
 
 
-def lenet_step(cfg, x, y):
+def lenet_step(cfg, x, y, compiled):
     """LeNet from scratch (its parameters, its summed loss) and the SGD step, lr / batch as in
-    lenet.train_batch, in one jitted program; JAX passes the parameters in and out (donated)."""
+    lenet.train_batch, in one jitted program; JAX passes the parameters in and out (donated).
+    `compiled`: JAX always compiles (refused before: common.cli.check_compile)."""
     params = lenet.get_params(lenet.init_params(cfg.init_std, cfg.seed), x.device)
 
     def sgd_step(params, x, y):
@@ -51,7 +52,7 @@ def build(args, cfg, device):
     images, labels = ceiling.first_batch(cfg)
     if args.workload == "lenet":
         x, y = jax.device_put((images, labels.astype("int32")), device)
-        step, state = lenet_step(cfg, x, y)
+        step, state = lenet_step(cfg, x, y, args.compile)
     else:  # flax is NHWC: the images are transposed once, as resnet18._to_device does
         x, y = jax.device_put((images.transpose(0, 2, 3, 1), labels.astype("int32")), device)
         step, state = resnet18_step(cfg, x, y, args.amp == "bf16", args.compile)

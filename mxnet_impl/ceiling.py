@@ -16,9 +16,10 @@ from mxnet_impl import lenet, resnet18
 FRAMEWORK = "mxnet"
 
 
-def lenet_step(cfg, x, y):
+def lenet_step(cfg, x, y, compiled):
     """LeNet from scratch (its parameters, its summed loss) and MXNet's fused SGD update,
-    lr / batch as in lenet.train_batch (written there as `p - lr * grad / batch`)."""
+    lr / batch as in lenet.train_batch (written there as `p - lr * grad / batch`).
+    `compiled`: for torch only (refused before: common.cli.check_compile)."""
     params = lenet.get_params(lenet.init_params(cfg.init_std, cfg.seed), x.context)
 
     def step(_):
@@ -51,7 +52,7 @@ def build(args, cfg, device):
     images, labels = ceiling.first_batch(cfg)
     if args.workload == "lenet":  # MXNet's lenet takes float labels (nd.pick)
         x, y = nd.array(images, ctx=device), nd.array(labels.astype("float32"), ctx=device)
-        step, state = lenet_step(cfg, x, y)
+        step, state = lenet_step(cfg, x, y, args.compile)
     else:
         x, y = nd.array(images, ctx=device), nd.array(labels, ctx=device, dtype="int32")
         step, state = resnet18_step(cfg, x, y, args.amp == "bf16", args.compile)

@@ -5,7 +5,7 @@ computed), on one device, in JAX, torch or MXNet. `python -m tools.conv_grads --
 `taskset -c 0` in front of it says what a second core adds (the record says `cores_allowed`).
 With `--kernels` (torch, MXNet) it reads oneDNN's own log of the forward and backward instead:
 the milliseconds of each kernel, named by its primitive, implementation, pass and problem.
-`--compile` (torch resnet18) probes the model torch.compiled, as `--compile` trains it.
+`--compile` (torch) probes the model torch.compiled, as `--compile` trains it.
 
 The probe behind the README's account of where the frameworks' CPU time goes; its records,
 with hardware and versions, are in results/conv-grads-*.jsonl. Not a benchmark of the training
@@ -83,9 +83,10 @@ def torch_passes(workload, batch, compiled=False):
     if workload == "lenet":
         params = lenet.get_params(lenet.init_params(0.01, 0), torch.device("cpu"))
         weights, mod = params, lenet
+        forward = devices.compile_function(lenet.lenet, x.device)[0] if compiled else lenet.lenet
 
         def model(x):
-            return lenet.lenet(x, params)
+            return forward(x, params)
     else:
         model = resnet18.resnet18()
         resnet18.init_weights(model, 0.01, 0)
@@ -246,7 +247,7 @@ def parse_args(argv):
     p.add_argument(
         "--compile",
         action="store_true",
-        help="torch resnet18: the model torch.compiled, as --compile trains it",
+        help="torch: the model torch.compiled, as --compile trains it",
     )
     p.add_argument("--results", help="append the record (one JSON line) to this file")
     args = p.parse_args(argv)
@@ -254,9 +255,9 @@ def parse_args(argv):
         args.calls = 10 if args.workload == "lenet" else 1
     if min(args.batch, args.repeats, args.calls) < 1:
         p.error("--batch, --repeats and --calls must be at least 1")
-    if args.compile and (args.framework, args.workload) != ("torch", "resnet18"):
-        p.error("--compile: torch resnet18 only, as in training (JAX always compiles, MXNet's "
-                "resnet18 is hybridized, torch's lenet has no compiled path)")  # fmt: skip
+    if args.compile and args.framework != "torch":
+        p.error("--compile: torch only, as in training (JAX always compiles, MXNet's resnet18 "
+                "is hybridized)")  # fmt: skip
     if args.kernels and args.framework not in VERBOSE:
         p.error(f"--kernels reads oneDNN's log: {' and '.join(VERBOSE)} only (XLA:CPU has none)")
     try:

@@ -15,15 +15,18 @@ from torch_impl import lenet, resnet18
 FRAMEWORK = "torch"
 
 
-def lenet_step(cfg, x, y):
+def lenet_step(cfg, x, y, compiled):
     """LeNet from scratch (its parameters, its summed loss) and a fused SGD step: lr / batch,
-    since the loss is summed over the batch as in lenet.train_batch."""
+    since the loss is summed over the batch as in lenet.train_batch. `compiled`: its forward
+    torch.compiled as lenet.train compiles it (in the warm-up steps, CUDA graphs included)."""
     params = lenet.get_params(lenet.init_params(cfg.init_std, cfg.seed), x.device)
     optimizer = torch.optim.SGD(params.values(), lr=cfg.lr / len(y))
+    model = tdev.compile_function(lenet.lenet, x.device)[0] if compiled else lenet.lenet
 
     def step(_):
+        torch.compiler.cudagraph_mark_step_begin()  # as lenet.train_batch
         optimizer.zero_grad(set_to_none=True)
-        loss = lenet.loss_fn(lenet.lenet(x, params), y)
+        loss = lenet.loss_fn(model(x, params), y)
         loss.backward()
         optimizer.step()
         return loss
@@ -48,7 +51,7 @@ def build(args, cfg, device):
     images, labels = ceiling.first_batch(cfg)
     x, y = torch.from_numpy(images).to(device), torch.from_numpy(labels).to(device)
     if args.workload == "lenet":
-        step, state = lenet_step(cfg, x, y)
+        step, state = lenet_step(cfg, x, y, args.compile)
     else:
         step, state = resnet18_step(cfg, x, y, args.amp == "bf16", args.compile)
     return step, state, lambda _: tdev.sync([device])

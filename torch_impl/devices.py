@@ -43,28 +43,43 @@ def gpu_layout(net: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     return net.to(memory_format=torch.channels_last)
 
 
-def compile_mode(device: torch.device, processes: int = 1) -> str:
+def compile_mode(device: torch.device, n_devices: int = 1) -> str:
     """torch.compile's mode for --compile. On one GPU, "reduce-overhead": Inductor's kernels
     and also CUDA graphs of the compiled forward and backward, one launch each instead of one
     per kernel (issue 12, one H100, a ResNet-18 step: 9.64 ms compiled, 6.69 ms with graphs).
-    DDP over several processes keeps "default": its all-reduce hooks fire between the pieces of
-    the backward, outside any graph, a combination not measured here. A CPU has no CUDA graphs."""
-    return "reduce-overhead" if device.type == "cuda" and processes == 1 else "default"
+    Several devices keep "default": DDP's all-reduce hooks fire between the pieces of the
+    backward, outside any graph, and lenet's devices take turns in one process, each with graphs
+    of its own; neither combination is measured here. A CPU has no CUDA graphs."""
+    return "reduce-overhead" if device.type == "cuda" and n_devices == 1 else "default"
 
 
-def compile_model(net: torch.nn.Module, device: torch.device, processes: int = 1) -> int:
-    """torch.compile `net` in place (it compiles on its first call for each batch shape); returns
-    how many calls per shape the warm-up needs: CUDA graph trees run a new graph eagerly on its
-    first call and record it on its second, so graphs need a third to replay before timing.
-    dynamic=False: a graph specialised to each batch shape, as the ceiling's one shape is. By
-    default the second shape (an epoch's last, partial batch) compiles for a symbolic batch (the
-    full batches keep their own graph either way)."""
-    mode = compile_mode(device, processes)
-    net.compile(mode=mode, dynamic=False)
+def warmup_calls(mode: str) -> int:
+    """Calls per batch shape before a compiled step runs as it will when timed: CUDA graph trees
+    run a new graph eagerly on its first call and record it on its second, so graphs need a third
+    to replay; otherwise the first call compiles."""
     return 3 if mode == "reduce-overhead" else 1
 
 
-def compile_fields(compiled: bool, device: torch.device, processes: int = 1) -> dict:
+def compile_model(net: torch.nn.Module, device: torch.device, n_devices: int = 1) -> int:
+    """torch.compile `net` in place (it compiles on its first call for each batch shape); returns
+    how many calls per shape the warm-up needs (warmup_calls). dynamic=False: a graph specialised
+    to each batch shape, as the ceiling's one shape is. By default the second shape (an epoch's
+    last, partial batch) compiles for a symbolic batch (the full batches keep their own graph
+    either way)."""
+    mode = compile_mode(device, n_devices)
+    net.compile(mode=mode, dynamic=False)
+    return warmup_calls(mode)
+
+
+def compile_function(fn, device: torch.device, n_devices: int = 1):
+    """(fn torch.compiled, warm-up calls per batch shape), as compile_model compiles a module:
+    lenet's forward, a function of the images and the parameters, which are inputs of the graph
+    (updated in place between calls, never baked in as constants)."""
+    mode = compile_mode(device, n_devices)
+    return torch.compile(fn, mode=mode, dynamic=False), warmup_calls(mode)
+
+
+def compile_fields(compiled: bool, device: torch.device, n_devices: int = 1) -> dict:
     """The record's account of --compile: the mode, and how many graphs torch.compile left out
     of CUDA graphs in this process (torch logs each reason; 0 where the mode's graphs all run)."""
     if not compiled:
@@ -72,6 +87,6 @@ def compile_fields(compiled: bool, device: torch.device, processes: int = 1) -> 
     from torch._dynamo.utils import counters  # torch.compile's tallies: loaded for --compile only
 
     return {
-        "compile_mode": compile_mode(device, processes),
+        "compile_mode": compile_mode(device, n_devices),
         "cudagraph_skips": counters["inductor"]["cudagraph_skips"],
     }

@@ -67,11 +67,14 @@ def split_batch(X, y, devices):
     )
 
 
-def train_batch(X, y, device_params, devices, lr):
-    """One step on every device; returns the batch's summed loss (on device 0, not synced)."""
+def train_batch(X, y, device_params, devices, lr, model=lenet):
+    """One step on every device; returns the batch's summed loss (on device 0, not synced).
+    `model`: lenet, or lenet torch.compiled (--compile; JAX jits its per-device step)."""
+    # A new step: CUDA graphs (--compile on one GPU) may reuse the last step's output memory.
+    torch.compiler.cudagraph_mark_step_begin()
     X_shards, y_shards = split_batch(X, y, devices)
     ls = [
-        loss_fn(lenet(X_shard, params), y_shard)
+        loss_fn(model(X_shard, params), y_shard)
         for X_shard, y_shard, params in zip(X_shards, y_shards, device_params, strict=True)
     ]
     for l in ls:
@@ -102,20 +105,24 @@ def evaluate(device_params, X, y, devices, batch_size):
     return correct / len(y)
 
 
-def train(cfg, devices, train_data, test_data, no_progress=False, probe=None):
-    """d2l's train(num_gpus, batch_size, lr). Returns the device parameters, EpochLog, timer."""
+def train(cfg, devices, train_data, test_data, no_progress=False, probe=None, compiled=False):
+    """d2l's train(num_gpus, batch_size, lr). Returns the device parameters, EpochLog, timer.
+    `compiled`: the per-device forward torch.compiled (--compile), as JAX jits its own."""
     X, y = train_data
     params = init_params(cfg.init_std, cfg.seed)
     device_params = [get_params(params, d) for d in devices]
+    model, calls = (lenet, 1)
+    if compiled:  # compiled (and CUDA graphs captured) in the warm-up, never in an epoch
+        model, calls = tdev.compile_function(lenet, devices[0], len(devices))
     timer = timing.Timer(lambda: tdev.sync(devices), warmup=1)
-    # Warm-up apart from the epochs (first touch, allocator; compilation in JAX): one step of
-    # each batch shape on throwaway copies, so training itself starts from the initial weights.
+    # Warm-up apart from the epochs (first touch, allocator; compilation): `calls` steps of each
+    # batch shape on throwaway copies, so training itself starts from the initial weights.
     order = data.batches(len(y), cfg.batch_size, cfg.seed, 0)
     with timer.region():
         scratch = [get_params(params, d) for d in devices]
-        for idx in data.warmup_batches(order):
+        for idx in data.warmup_batches(order) * calls:
             idx = torch.from_numpy(idx).to(X.device)
-            train_batch(X[idx], y[idx], scratch, devices, cfg.lr)
+            train_batch(X[idx], y[idx], scratch, devices, cfg.lr, model)
     log = training.EpochLog(cfg.epochs, len(order), ceiling=probe)  # probe: --ceiling
     for epoch in range(cfg.epochs):
         batches = data.batches(len(y), cfg.batch_size, cfg.seed, epoch)
@@ -127,7 +134,7 @@ def train(cfg, devices, train_data, test_data, no_progress=False, probe=None):
             starts = range(0, len(order), cfg.batch_size)  # the batches, in order
             for start in cli.progress(starts, len(batches), f"epoch {epoch + 1}", no_progress):
                 idx = order[start : start + cfg.batch_size]
-                total += train_batch(X[idx], y[idx], device_params, devices, cfg.lr)
+                total += train_batch(X[idx], y[idx], device_params, devices, cfg.lr, model)
         acc = evaluate(device_params, *test_data, devices, cfg.batch_size)
         log.add(float(total) / len(y), acc, timer.times[-1], len(batches), len(y))
         if log.diverged:  # a non-finite loss: stop, and record what was measured
@@ -154,7 +161,9 @@ def main(args, plan, cfg) -> None:
         )
     )
     probe = ceiling.paired(FRAMEWORK, args, cfg, devices[0])  # --ceiling
-    _, log, timer = train(cfg, devices, train_data, test_data, args.no_progress, probe)
+    _, log, timer = train(
+        cfg, devices, train_data, test_data, args.no_progress, probe, args.compile
+    )
     rec = cli.make_record(
         FRAMEWORK,
         args,
@@ -164,5 +173,6 @@ def main(args, plan, cfg) -> None:
         tdev.versions(),
         strategy=STRATEGY,
         **log.record_fields(timer.warmup_seconds),
+        extra=tdev.compile_fields(args.compile, devices[0], len(devices)),  # mode, graphs left out
     )
     cli.save(rec, args.results, plan)

@@ -21,7 +21,7 @@ def refuse(*args, **kwargs):
         ("jax", ["--workload", "lenet", "--gpus", "2"], "the ceiling runs on one device"),
         ("jax", ["--workload", "resnet18", "--compile"], "JAX always compiles (jit); drop it"),
         ("mxnet", ["--workload", "resnet18", "--compile"], "--compile is for torch"),
-        ("torch", ["--workload", "lenet", "--compile"], "--compile applies to torch resnet18"),
+        ("mxnet", ["--workload", "lenet", "--compile"], "its lenet runs NDArray operations"),
         ("torch", ["--workload", "lenet", "--amp", "bf16"], "lenet runs in float32 only"),
         ("mxnet", ["--workload", "lenet", "--amp", "bf16"], "lenet runs in float32 only"),
         ("torch", ["--workload", "lenet", "--steps", "0"], "--steps must be at least 1, got 0"),

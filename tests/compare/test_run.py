@@ -26,8 +26,12 @@ def test_plan_on_a_cpu_machine():
     plan = run.make_plan(run.ALL, WORKLOADS, "auto", accelerators=0, cpu_bf16=True)
     assert (plan.platform, plan.preset) == ("cpu", "cpu")
     steps = described(plan.steps)
-    assert len(steps) == 27
-    assert steps[:2] == [("torch", "lenet", 1, None, ()), ("torch", "lenet", 2, None, ())]
+    assert len(steps) == 28
+    assert steps[:3] == [
+        ("torch", "lenet", 1, None, ()),
+        ("torch", "lenet", 2, None, ()),
+        ("torch", "lenet", 1, None, COMPILED),  # torch's compiled tier, beside its eager one
+    ]
     assert [s for s in steps if s[1] == "resnet18"] == [
         ("torch", "resnet18", 1, "ddp", ()),
         ("torch", "resnet18", 2, "ddp", ()),
@@ -76,7 +80,7 @@ def test_bf16_runs_need_bf16_arithmetic():
 def test_plan_on_a_two_gpu_machine():
     plan = run.make_plan(run.ALL, WORKLOADS, "auto", accelerators=2, cpu_bf16=True)
     assert (plan.platform, plan.preset) == ("gpu", "full")
-    assert len(plan.steps) == 29
+    assert len(plan.steps) == 30
     assert ("torch", "resnet18", 2, "dataparallel", ()) in described(plan.steps)
     assert ("torch", "resnet18", 1, "dataparallel", COMPILED) in described(plan.steps)
     # MXNet's bf16 is for CPUs: its run is the only one left out
@@ -86,9 +90,9 @@ def test_plan_on_a_two_gpu_machine():
 def test_plan_on_a_one_gpu_machine_skips_two_device_runs_with_a_reason():
     plan = run.make_plan(run.ALL, WORKLOADS, "auto", accelerators=1)
     assert all(s.gpus == 1 for s in plan.steps)
-    # lenet x3; resnet18: torch ddp x4 + dataparallel x2, jax x3, mxnet x1; resnet50 (single,
-    # and the sweep with both stages on the GPU) x3 x2
-    assert len(plan.steps) == 3 + 6 + 3 + 1 + 6
+    # lenet x3 + torch compiled; resnet18: torch ddp x4 + dataparallel x2, jax x3, mxnet x1;
+    # resnet50 (single, and the sweep with both stages on the GPU) x3 x2
+    assert len(plan.steps) == 4 + 6 + 3 + 1 + 6
     assert ("mxnet", "resnet50", 1, None, ()) in described(plan.steps)
     assert ("torch", "resnet50", 1, None, ("--sweep",)) in described(plan.steps)
     two = [why for s, why in plan.skipped if s.gpus == 2]
@@ -169,7 +173,8 @@ for name in ("--workload", "--platform", "--preset", "--strategy", "--results"):
 p.add_argument("--gpus", default="1")
 p.add_argument("--no-progress", action="store_true")
 p.add_argument("--ceiling", action="store_true")
-args = p.parse_known_args(sys.argv[3:])[0]  # --amp, --compile, --sweep: not needed here
+p.add_argument("--compile", action="store_true")
+args = p.parse_known_args(sys.argv[3:])[0]  # --amp, --sweep: not needed here
 print(f"fake {framework} {args.workload} on {args.gpus}", flush=True)
 if args.workload == "resnet18":
     print("Traceback: something broke", file=sys.stderr)
@@ -182,7 +187,8 @@ results.append(results.Record(
     framework=framework, workload=args.workload, strategy="scratch",
     devices=n, platform=args.platform, virtual=True, device_names=["cpu"] * n,
     preset=args.preset, batch_size=256, lr=0.2, epochs=1, test_acc=0.8,
-    sec_per_epoch=stats(t), extra={"ceiling": ceiling} if args.ceiling else {},
+    sec_per_epoch=stats(t),
+    extra={"compiled": args.compile, **({"ceiling": ceiling} if args.ceiling else {})},
 ), args.results)
 """
 
@@ -209,11 +215,11 @@ def test_a_failing_run_does_not_stop_the_others(tmp_path):
         runner=runner, echo=lines.append,
     )  # fmt: skip
     assert code == 1
-    assert len(calls) == 27  # every step ran
+    assert len(calls) == 28  # every step ran
     text = "\n".join(lines)
-    assert "14 of 27 run(s) ok, 13 failed, 0 not run, 3 skipped on this machine" in text
+    assert "15 of 28 run(s) ok, 13 failed, 0 not run, 3 skipped on this machine" in text
     assert "FAILED (exit 1)" in text and "ValueError: broken" in text
-    assert "[27/27] ok in" in text
+    assert "[28/28] ok in" in text
 
 
 def test_end_to_end_with_fake_environments(tmp_path, capsys):
@@ -230,13 +236,14 @@ def test_end_to_end_with_fake_environments(tmp_path, capsys):
     assert "    | fake jax lenet on 2" in text  # the child's output, streamed
     assert "boom in torch resnet18" in text.split("== summary")[1]  # stderr tail in the summary
     assert re.search(r"NOT RUN  mxnet lenet .*: no environment .*make setup FRAMEWORK=mxnet", text)
-    assert "4 of 19 run(s) ok, 10 failed, 5 not run, 3 skipped on this machine" in text
+    assert "5 of 20 run(s) ok, 10 failed, 5 not run, 3 skipped on this machine" in text
     md = (out / "report.md").read_text()
     assert "| torch | scratch | cpu (virtual) | smoke | 0.800 | 4.00 ± 0.00 s (n=1) |" in md
     assert "| 2.00x | 100% |" in md
     # the ceilings ran in the training runs: training 4.00 s, 1.25x its ceiling's 3.20 s
     assert "| torch | scratch | 4.00 ± 0.00 s (n=1) | 3.20 ± 0.00 s* (n=1) |" in md
-    assert md.count("| 1.25x |") == 2  # torch and jax
+    assert "| torch | scratch+compiled | 4.00 ± 0.00 s (n=1) | 3.20 ± 0.00 s* (n=1) |" in md
+    assert md.count("| 1.25x |") == 3  # torch eager and compiled, jax
     assert "No resnet18 records in this group." in md
 
 
@@ -254,7 +261,7 @@ def test_one_interpreter_for_every_framework(tmp_path):
     text = "\n".join(lines)
     assert f"   1. {python} -m torch_impl --workload lenet" in text
     assert "    | fake jax lenet on 2" in text
-    assert "4 of 4 run(s) ok, 0 failed, 0 not run, 0 skipped on this machine" in text
+    assert "5 of 5 run(s) ok, 0 failed, 0 not run, 0 skipped on this machine" in text
     code = run.main(
         ["--frameworks", "jax", "--workloads", "lenet", "--platform", "cpu", "--preset", "smoke",
          "--results", str(tmp_path / "r.jsonl"), "--out", str(tmp_path), "--python", "nopython3"],
@@ -276,7 +283,7 @@ def test_a_framework_setup_skipped_is_skipped_and_the_report_says_so(tmp_path):
     assert code == 0  # every run planned for the frameworks set up ran
     text = "\n".join(lines)
     assert "skip: mxnet lenet on 1 device(s), default strategies: not set up: needs" in text
-    assert "4 of 4 run(s) ok, 0 failed, 0 not run, 2 skipped on this machine" in text
+    assert "5 of 5 run(s) ok, 0 failed, 0 not run, 2 skipped on this machine" in text
     assert "mxnet was not set up on this machine: needs Python 3.10 or 3.11" in text
     md = (out / "report.md").read_text()
     assert "- mxnet was not set up on this machine: needs Python 3.10 or 3.11" in md
@@ -339,9 +346,9 @@ def test_steps_run_part_of_the_plan_numbered_as_the_dry_run_prints_it(tmp_path):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--steps", "0"], "error: --steps 0: the plan has steps 1 to 2 (see --dry-run)"),
-        (["--steps", "2-3"], "error: --steps 2-3: the plan has steps 1 to 2 (see --dry-run)"),
-        (["--steps", "2-1"], "error: --steps 2-1: the plan has steps 1 to 2 (see --dry-run)"),
+        (["--steps", "0"], "error: --steps 0: the plan has steps 1 to 3 (see --dry-run)"),
+        (["--steps", "3-4"], "error: --steps 3-4: the plan has steps 1 to 3 (see --dry-run)"),
+        (["--steps", "2-1"], "error: --steps 2-1: the plan has steps 1 to 3 (see --dry-run)"),
         (["--steps", "one"], "error: --steps 'one': give step numbers or ranges, such as 1-4 7"),
         (["--assume-gpus", "1"], "error: --assume-gpus N (N >= 0) only plans: add --dry-run"),
     ],

@@ -81,6 +81,19 @@ MUTANTS = [
         "NHWC flatten order before fc1 (the fixture's weights are NCHW-ordered)",
     ),
     Mutant(
+        "torch-lenet-compiled-bf16-fc1",
+        "torch",
+        "tests/torch_impl/test_lenet.py::test_compiled_float64_run_matches_the_fixture[cpu-1]",
+        "torch_impl/lenet.py",
+        '    h = F.relu(h @ params["fc1.weight"].T + params["fc1.bias"])',
+        "    if torch.compiler.is_compiling():  # (a cast round trip alone Inductor removes)\n"
+        '        h = (h.bfloat16() @ params["fc1.weight"].T.bfloat16()).to(X.dtype)\n'
+        '        h = F.relu(h + params["fc1.bias"])\n'
+        "    else:\n"
+        '        h = F.relu(h @ params["fc1.weight"].T + params["fc1.bias"])',
+        "the compiled graph alone runs fc1's matrix product in bf16",
+    ),
+    Mutant(
         "torch-lenet-generator-maxpool",
         "torch",
         "tests/torch_impl/test_lenet.py::test_the_generator_still_reproduces_the_fixture",

@@ -87,7 +87,7 @@ def test_compile_mode_captures_cuda_graphs_on_one_gpu_only(monkeypatch):
     so a CUDA device can be named on a machine without one."""
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     assert tdev.compile_mode(cuda) == "reduce-overhead"
-    assert tdev.compile_mode(cuda, processes=2) == tdev.compile_mode(cpu) == "default"
+    assert tdev.compile_mode(cuda, n_devices=2) == tdev.compile_mode(cpu) == "default"
     asked = []
     net = _net()
     monkeypatch.setattr(net, "compile", lambda **kw: asked.append(kw))

@@ -26,3 +26,21 @@ def test_compile_probes_the_model_as_training_compiles_it(monkeypatch):
     monkeypatch.setattr(devices, "compile_model", lambda net, device: compiled.append(net))
     conv_grads.torch_passes("resnet18", 2, compiled=True)
     assert len(compiled) == 1 and hasattr(compiled[0], "stem")  # the ResNet-18 itself
+
+
+def test_compile_probes_lenet_as_training_compiles_it(monkeypatch):
+    """--compile in lenet: the passes call lenet's forward as the training's compile_function
+    returns it."""
+    from torch_impl import devices
+
+    asked, called = [], []
+
+    def compile_function(fn, device):
+        asked.append(fn)
+        return (lambda *a: called.append(1) or fn(*a)), 1
+
+    monkeypatch.setattr(devices, "compile_function", compile_function)
+    passes, _ = conv_grads.torch_passes("lenet", 2, compiled=True)
+    for run in passes.values():
+        run()
+    assert asked == [lenet.lenet] and len(called) == len(passes)

@@ -17,19 +17,16 @@ def cpus(n):
     return tdev.get_devices(devices.DevicePlan(n, "cpu", virtual=True))
 
 
-def run_steps(n_devices, batches, dtype=torch.float64):
-    """`len(batches)` train_batch steps on n virtual devices: per-step losses, params per device.
-    float64 by default: comparisons of programs are rule 1 of tests/fixtures/numerics.py."""
-    devs = cpus(n_devices)
+def run_steps(n_devices, batches, dtype=torch.float64, model=lenet.lenet, devs=None):
+    """`len(batches)` train_batch steps on n virtual devices (or `devs`): per-step losses and
+    params per device. float64 by default: comparisons of programs are rule 1 of
+    tests/fixtures/numerics.py. `model`: the per-device forward train_batch takes (--compile)."""
+    devs = devs or cpus(n_devices)
     params = {k: p.to(dtype) for k, p in lenet.init_params(ref.STD, ref.SEED).items()}
     device_params = [lenet.get_params(params, d) for d in devs]
-    losses = [
-        float(
-            lenet.train_batch(torch.from_numpy(X), torch.from_numpy(y), device_params, devs, ref.LR)
-        )
-        for X, y in batches
-    ]
-    as_numpy = [{k: p.detach().numpy().copy() for k, p in ps.items()} for ps in device_params]
+    on = [(torch.from_numpy(X).to(devs[0]), torch.from_numpy(y).to(devs[0])) for X, y in batches]
+    losses = [float(lenet.train_batch(X, y, device_params, devs, ref.LR, model)) for X, y in on]
+    as_numpy = [{k: p.detach().cpu().numpy().copy() for k, p in ps.items()} for ps in device_params]
     return losses, as_numpy
 
 
@@ -120,6 +117,61 @@ def test_the_generator_still_reproduces_the_fixture():
     for key, value in again.items():
         if not key.endswith(".sensitivity"):  # a difference of near-equal numbers: its own scale
             numerics.check_same_math(f"torch lenet generator {key}", value, fixture[key])
+
+
+# --- compiled (--compile): the per-device forward torch.compiled -----------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.numerics
+@pytest.mark.parametrize(
+    ("device", "n"),
+    [
+        ("cpu", 1),
+        pytest.param("cpu", 2, marks=pytest.mark.multi_device),
+        pytest.param("cuda", 1, marks=pytest.mark.gpu),
+    ],
+)
+def test_compiled_float64_run_matches_the_fixture(device, n):
+    """Rule 1: the compiled forward (and the backward torch.compile derives from it) is the same
+    math as the eager one, so a float64 run holds to the fixture's losses and updates as eager
+    does. On a GPU its CUDA graphs run the first step eagerly, record the second and replay the
+    third: a replay that read the recorded batch or weights would change the third step."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA GPU")
+    devs = cpus(n) if device == "cpu" else [torch.device("cuda", 0)]
+    torch._dynamo.reset()
+    model, calls = tdev.compile_function(lenet.lenet, devs[0], n)
+    assert calls == (3 if device == "cuda" else 1)
+    fixture = ref.load()
+    losses, after = run_steps(n, ref.batches(fixture, np.float64), model=model, devs=devs)
+    ref.check(fixture, losses, initial(), after[-1], f"torch lenet compiled, {n} {device}")
+    assert tdev.compile_fields(True, devs[0], n)["cudagraph_skips"] == 0
+
+
+@pytest.mark.slow
+def test_compiled_smoke_run_compiles_in_the_warm_up_only(tmp_path, monkeypatch):
+    """--compile: the record says compiled, its mode and no graph left out of CUDA graphs; the
+    warm-up compiled every graph (forward and backward, each batch shape), the epochs none."""
+    from torch._dynamo.utils import counters
+
+    step, graphs = lenet.train_batch, []  # graphs compiled so far, after each step
+
+    def counted(*a, **kw):
+        loss = step(*a, **kw)
+        graphs.append(counters["stats"]["unique_graphs"])
+        return loss
+
+    monkeypatch.setattr(lenet, "train_batch", counted)
+    torch._dynamo.reset()
+    counters.clear()
+    assert cli.run("torch", argv(tmp_path, "--compile")) == 0
+    (rec,) = results.load(tmp_path / "r.jsonl")
+    assert rec.extra["compiled"] is True and rec.extra["compile_mode"] == "default"
+    assert rec.extra["cudagraph_skips"] == 0 and np.isfinite(rec.train_loss).all()
+    cfg = config.get_config("lenet", "smoke")
+    warmup = len(graphs) - cfg.epochs * -(-cfg.train_subset // cfg.batch_size)
+    assert warmup >= 1 and graphs[warmup - 1] > 0 and graphs[-1] == graphs[warmup - 1], graphs
 
 
 # --- end to end and bad input ----------------------------------------------------------------
