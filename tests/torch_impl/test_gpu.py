@@ -95,6 +95,7 @@ def test_smoke_runs_on_one_gpu_record_the_gpu(tmp_path, workload, strategy, amp)
 @pytest.mark.parametrize(
     ("workload", "strategy", "amp", "flags"),
     [
+        ("lenet", None, "off", ("--compile", "--ceiling")),
         ("resnet18", "ddp", "off", ("--compile", "--ceiling")),
         ("resnet18", "ddp", "bf16", ("--compile", "--ceiling")),
         ("resnet18", "dataparallel", "off", ("--compile",)),
