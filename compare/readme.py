@@ -24,6 +24,7 @@ REFERENCE = (  # relative to ROOT
     "results/gpu-h100.jsonl",
     "results/cpu-2core.jsonl",
     "results/cpu-avx2-2core.jsonl",
+    "results/cpu-avx512-2core.jsonl",
 )
 BEGIN = "<!-- reference-results:begin (`make readme-tables` writes this part from the records) -->"
 END = "<!-- reference-results:end -->"
