@@ -53,7 +53,7 @@ def compile_mode(device: torch.device, n_devices: int = 1) -> str:
     return "reduce-overhead" if device.type == "cuda" and n_devices == 1 else "default"
 
 
-def warmup_calls(mode: str) -> int:
+def _warmup_calls(mode: str) -> int:
     """Calls per batch shape before a compiled step runs as it will when timed: CUDA graph trees
     run a new graph eagerly on its first call and record it on its second, so graphs need a third
     to replay; otherwise the first call compiles."""
@@ -62,13 +62,13 @@ def warmup_calls(mode: str) -> int:
 
 def compile_model(net: torch.nn.Module, device: torch.device, n_devices: int = 1) -> int:
     """torch.compile `net` in place (it compiles on its first call for each batch shape); returns
-    how many calls per shape the warm-up needs (warmup_calls). dynamic=False: a graph specialised
+    how many calls per shape the warm-up needs (_warmup_calls). dynamic=False: a graph specialised
     to each batch shape, as the ceiling's one shape is. By default the second shape (an epoch's
     last, partial batch) compiles for a symbolic batch (the full batches keep their own graph
     either way)."""
     mode = compile_mode(device, n_devices)
     net.compile(mode=mode, dynamic=False)
-    return warmup_calls(mode)
+    return _warmup_calls(mode)
 
 
 def compile_function(fn, device: torch.device, n_devices: int = 1):
@@ -76,7 +76,7 @@ def compile_function(fn, device: torch.device, n_devices: int = 1):
     lenet's forward, a function of the images and the parameters, which are inputs of the graph
     (updated in place between calls, never baked in as constants)."""
     mode = compile_mode(device, n_devices)
-    return torch.compile(fn, mode=mode, dynamic=False), warmup_calls(mode)
+    return torch.compile(fn, mode=mode, dynamic=False), _warmup_calls(mode)
 
 
 def compile_fields(compiled: bool, device: torch.device, n_devices: int = 1) -> dict:

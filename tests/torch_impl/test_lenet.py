@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from common import cli, config, devices, results
+from common import cli, config, data, devices, results
 from tests.fixtures import lenet_reference as ref
 from tests.fixtures import make_lenet_parity, numerics
 from torch_impl import devices as tdev
@@ -170,7 +170,8 @@ def test_compiled_smoke_run_compiles_in_the_warm_up_only(tmp_path, monkeypatch):
     assert rec.extra["compiled"] is True and rec.extra["compile_mode"] == "default"
     assert rec.extra["cudagraph_skips"] == 0 and np.isfinite(rec.train_loss).all()
     cfg = config.get_config("lenet", "smoke")
-    warmup = len(graphs) - cfg.epochs * -(-cfg.train_subset // cfg.batch_size)
+    per_epoch = len(data.batches(cfg.train_subset, cfg.batch_size, cfg.seed, 0))
+    warmup = len(graphs) - cfg.epochs * per_epoch
     assert warmup >= 1 and graphs[warmup - 1] > 0 and graphs[-1] == graphs[warmup - 1], graphs
 
 
