@@ -21,7 +21,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from common import cli, config, data, devices, results, timing
+from common import cli, config, data, devices, profiling, results, timing
 
 STRATEGY = "ceiling"  # the record's strategy: compare/ keeps it apart from training records
 WORKLOADS = ("lenet", "resnet18")
@@ -52,6 +52,9 @@ def parser(framework: str) -> argparse.ArgumentParser:
     p.add_argument("--amp", choices=("off", "bf16"), default="off", help="as in training")
     p.add_argument("--compile", action="store_true", help="torch: torch.compile, as in training")
     p.add_argument("--results", default=str(results.DEFAULT_PATH))
+    p.add_argument(
+        "--profile", default=None, metavar="DIR", help="trace the first timed repeat into DIR"
+    )
     p.add_argument("--no-progress", action="store_true", help="accepted, as by training runs")
     # cli.check_compile reads the strategy: the ceiling has none of the training's, so the
     # default (lenet: scratch, resnet18: ddp, both of which compile) applies.
@@ -79,6 +82,7 @@ def check(framework: str, args: argparse.Namespace):
     cli.check_compile(framework, args, plan.count)
     cli.check_amp(framework, args, plan.platform)
     config.check_epoch_split(data.train_size(cfg.train_subset), cfg.batch_size, 1)
+    profiling.check(framework, args)
     results.check_writable(args.results)  # before the measurement, not after
     return plan, cfg
 
@@ -125,12 +129,15 @@ def counts(args, cfg) -> tuple[int, int, int]:
     return warmup, steps, asked["repeats"] if asked["repeats"] is not None else REPEATS[cfg.preset]
 
 
-def measure(step: Callable, state, sync: Callable, warmup: int, steps: int, repeats: int):
+def measure(
+    step: Callable, state, sync: Callable, warmup: int, steps: int, repeats: int, trace=None
+):
     """Run `state = step(state)` `warmup` times (timed apart: compilation, first touch), then
     `repeats` timed repeats of `steps` steps, each ending with `sync(state)`. JAX threads its
-    state through `step`; torch and Gluon update in place and return the loss."""
+    state through `step`; torch and Gluon update in place and return the loss. `trace`:
+    --profile's profiler around the first timed repeat."""
     last = [state]
-    timer = timing.Timer(lambda: sync(last[0]), warmup=1)
+    timer = timing.Timer(lambda: sync(last[0]), warmup=1, trace=trace)
     for n in [warmup] + [steps] * repeats:
         with timer.region():
             for _ in range(n):
@@ -144,9 +151,11 @@ class Paired:
     against the repeat beside it: on a shared machine whose speed drifts by tens of percent over
     minutes, a ceiling run apart from the training run measured another machine state."""
 
-    def __init__(self, step, state, sync, warmup: int, steps: int, clock=time.perf_counter):
+    def __init__(
+        self, step, state, sync, warmup: int, steps: int, clock=time.perf_counter, trace=None
+    ):
         self.step, self.last, self.warmup, self.steps = step, [state], warmup, steps
-        self.timer = timing.Timer(lambda: sync(self.last[0]), warmup=1, clock=clock)
+        self.timer = timing.Timer(lambda: sync(self.last[0]), warmup=1, clock=clock, trace=trace)
 
     def repeat(self) -> None:
         for n in ([self.warmup] if not self.timer.warmup_times else []) + [self.steps]:
@@ -181,7 +190,8 @@ def paired(framework: str, args, cfg, device) -> Paired | None:
     module = importlib.import_module(f"{framework}_impl.ceiling")
     step, state, sync = module.build(args, cfg, device)
     warmup, steps, _ = counts(args, cfg)
-    return Paired(step, state, sync, warmup, steps)
+    trace = profiling.tracer(framework, args, "ceiling")  # --profile: the first timed repeat
+    return Paired(step, state, sync, warmup, steps, trace=trace)
 
 
 def record_fields(timer: timing.Timer, cfg, amp: str, warmup: int, steps: int):
@@ -210,7 +220,12 @@ def record_fields(timer: timing.Timer, cfg, amp: str, warmup: int, steps: int):
 
 
 def save(rec: results.Record, path, plan: devices.DevicePlan) -> None:
-    results.append(rec, path)
+    """Append the record (not a profiled one's: the profiler slowed its first repeat) and print
+    the ceiling's line."""
+    if rec.extra.get("profile"):
+        print(profiling.skip_note(rec.extra["profile"], "repeat"), file=sys.stderr)
+    else:
+        results.append(rec, path)
     x = rec.extra
     print(
         f"ceiling: {x['s_per_step']:.4g} s/step (median of {x['repeats']} x {rec.steps_timed} "

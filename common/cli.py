@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from common import config, data, devices, flops, processes, results, training, weights
+from common import config, data, devices, flops, processes, profiling, results, training, weights
 
 EXIT_BAD_INPUT = 2
 EXIT_NOT_IMPLEMENTED = 3
@@ -75,6 +75,25 @@ def parser(framework: str) -> argparse.ArgumentParser:
         help="lenet, resnet18 on 1 device: also time the framework's ceiling after each epoch",
     )
     p.add_argument(
+        "--profile",
+        default=None,
+        metavar="DIR",
+        help="lenet, resnet18: trace the first timed epoch (and ceiling repeat) into DIR with "
+        "the framework's profiler; writes no record",
+    )
+    _node_options(p)
+    p.add_argument(
+        "--results", default=str(results.DEFAULT_PATH), help="JSON Lines file to append to"
+    )
+    p.add_argument(
+        "--no-progress", action="store_true", help="plain lines instead of a progress bar"
+    )
+    return p
+
+
+def _node_options(p: argparse.ArgumentParser) -> None:
+    """torch resnet18 ddp over several machines (check_nodes)."""
+    p.add_argument(
         "--nnodes", type=whole_number, default=None, help="torch resnet18 ddp: machines in the run"
     )
     p.add_argument(
@@ -92,13 +111,6 @@ def parser(framework: str) -> argparse.ArgumentParser:
         default=None,
         help=f"seconds to wait for every node to join (default {RDZV_TIMEOUT_S})",
     )
-    p.add_argument(
-        "--results", default=str(results.DEFAULT_PATH), help="JSON Lines file to append to"
-    )
-    p.add_argument(
-        "--no-progress", action="store_true", help="plain lines instead of a progress bar"
-    )
-    return p
 
 
 def overrides(args: argparse.Namespace) -> dict:
@@ -251,6 +263,7 @@ def run(
         check_amp(framework, args, plan.platform)
         check_ceiling(args, plan.count)
         check_nodes(framework, args)
+        profiling.check(framework, args)
         results.check_writable(args.results)  # before hours of training, not after
         if before_import is not None:
             before_import(plan)
@@ -288,6 +301,8 @@ def make_record(framework, args, plan, cfg, device_names, framework_versions, **
         fields["extra"] = {**fields.get("extra", {}), "data_dir": str(data.find_dir())}
     if framework == "torch":  # eager, or compiled (--compile): JAX and MXNet always compile
         fields["extra"] = {**fields.get("extra", {}), "compiled": getattr(args, "compile", False)}
+    if getattr(args, "profile", None):  # a traced run: save() prints it and keeps no record
+        fields["extra"] = {**fields.get("extra", {}), "profile": args.profile}
     # The threads an operator computed with (MXNet's default was half the CPUs: set_mxnet_threads).
     threads = importlib.import_module(f"{framework}_impl.devices").threads()
     fields["extra"] = {**fields.get("extra", {}), "threads": threads}
@@ -318,8 +333,12 @@ def make_record(framework, args, plan, cfg, device_names, framework_versions, **
 
 def save(rec: results.Record, path, plan: devices.DevicePlan) -> None:
     """Append the record, then print the run's throughput and d2l's closing line; a run that
-    diverged is recorded as such (what it measured kept), then ends with one line."""
-    results.append(rec, path)
+    diverged is recorded as such (what it measured kept), then ends with one line. A profiled
+    run (--profile) appends nothing: the profiler slowed its first timed epoch."""
+    if rec.extra.get("profile"):
+        print(profiling.skip_note(rec.extra["profile"]), file=sys.stderr)
+    else:
+        results.append(rec, path)
     if rec.diverged_at_epoch is not None:
         raise training.Diverged(rec.diverged_at_epoch, rec.train_loss[-1])
     print(f"{rec.images_per_sec:.1f} images/sec ({rec.strategy})")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 
 
@@ -44,28 +44,34 @@ def summarize(times: list[float]) -> Stats:
 
 
 class Timer:
-    """Times regions that end with `sync()`; the first `warmup` regions are kept apart."""
+    """Times regions that end with `sync()`; the first `warmup` regions are kept apart.
+    `trace`: a context manager factory (the framework's profiler, --profile) entered around the
+    first timed region only, outside its clock (common/profiling.py)."""
 
     def __init__(
         self,
         sync: Callable[[], object] = lambda: None,
         warmup: int = 0,
         clock: Callable[[], float] = time.perf_counter,
+        trace: Callable[[], AbstractContextManager] | None = None,
     ):
         self.sync = sync
         self.warmup = warmup
         self.clock = clock
+        self.trace = trace
         self.warmup_times: list[float] = []
         self.times: list[float] = []
 
     @contextmanager
     def region(self):
         """`with timer.region(): work()`: the elapsed time includes the barrier at the end."""
-        self.sync()  # work queued before the region is not charged to it
-        start = self.clock()
-        yield
-        self.sync()
-        elapsed = self.clock() - start
+        first_timed = len(self.warmup_times) == self.warmup and not self.times
+        with self.trace() if self.trace and first_timed else nullcontext():
+            self.sync()  # work queued before the region is not charged to it
+            start = self.clock()
+            yield
+            self.sync()
+            elapsed = self.clock() - start
         if len(self.warmup_times) < self.warmup:
             self.warmup_times.append(elapsed)
         else:

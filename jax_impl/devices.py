@@ -1,8 +1,13 @@
-"""A DevicePlan as JAX devices, the barrier for the timer, and versions and threads for the record.
+"""A DevicePlan as JAX devices, the barrier for the timer, versions and threads for the record, and
+--profile's tracer.
 
 The host device count was set before JAX was imported (jax_impl/__main__.py, or the tests'
 conftest); here we only take the first N devices of the platform.
 """
+
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
 
 import jax
 
@@ -54,3 +59,14 @@ def threads() -> int | None:
     """The threads an operator computes with: None, as XLA:CPU sizes its own thread pools
     and no API of JAX's says how."""
     return None
+
+
+@contextmanager
+def profiler(path: Path):
+    """--profile (common/profiling.py): jax.profiler around the block. XLA's trace stays in the
+    folder `path` (TensorBoard's profile plugin or XProf opens it); its Chrome trace is copied
+    to `path`.json.gz. The newest, should the folder hold an earlier run's too."""
+    with jax.profiler.trace(str(path), create_perfetto_trace=True):
+        yield
+    traces = Path(path).glob("plugins/profile/*/perfetto_trace.json.gz")
+    shutil.copyfile(max(traces, key=lambda t: t.stat().st_mtime), f"{path}.json.gz")

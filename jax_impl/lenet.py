@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from common import ceiling, cli, config, data, timing, training, weights
+from common import ceiling, cli, config, data, profiling, timing, training, weights
 from jax_impl import devices as jdev
 
 FRAMEWORK, STRATEGY = "jax", "scratch"
@@ -126,13 +126,14 @@ def evaluate(device_params, X, y, devices, batch_size):
     return correct / len(y)
 
 
-def train(cfg, devices, train_data, test_data, no_progress=False, probe=None):
-    """d2l's train(num_gpus, batch_size, lr). Returns the device parameters, EpochLog, timer."""
+def train(cfg, devices, train_data, test_data, no_progress=False, probe=None, trace=None):
+    """d2l's train(num_gpus, batch_size, lr). Returns the device parameters, EpochLog, timer.
+    `probe`: --ceiling; `trace`: --profile's profiler around the first timed epoch."""
     X, y = train_data
     params = init_params(cfg.init_std, cfg.seed)
     device_params = [get_params(params, d) for d in devices]
     pending = None  # JAX has no global barrier: the timer waits for the newest outputs
-    timer = timing.Timer(lambda: jdev.sync(pending), warmup=1)
+    timer = timing.Timer(lambda: jdev.sync(pending), warmup=1, trace=trace)
     # Warm-up apart from the epochs (compilation, first touch): one step of each batch shape
     # on throwaway copies, so training itself starts from the initial weights.
     order = data.batches(len(y), cfg.batch_size, cfg.seed, 0)
@@ -145,8 +146,10 @@ def train(cfg, devices, train_data, test_data, no_progress=False, probe=None):
     for epoch in range(cfg.epochs):
         batches = data.batches(len(y), cfg.batch_size, cfg.seed, epoch)
         total = jnp.zeros((), device=devices[0])
+        # The bar before the clock starts: its first call imports tqdm (50 ms on a CPU).
+        bar = cli.progress(batches, len(batches), f"epoch {epoch + 1}", no_progress)
         with timer.region():
-            for idx in cli.progress(batches, len(batches), f"epoch {epoch + 1}", no_progress):
+            for idx in bar:
                 # jitted gather: `X[idx]` with a NumPy index ran jnp's indexing in Python
                 X_batch, y_batch = _take(X, y, idx)
                 device_params, loss = train_batch(X_batch, y_batch, device_params, devices, cfg.lr)
@@ -178,7 +181,8 @@ def main(args, plan, cfg) -> None:
         )
     )
     probe = ceiling.paired(FRAMEWORK, args, cfg, devices[0])  # --ceiling
-    _, log, timer = train(cfg, devices, train_data, test_data, args.no_progress, probe)
+    trace = profiling.tracer(FRAMEWORK, args, "epoch")  # --profile
+    _, log, timer = train(cfg, devices, train_data, test_data, args.no_progress, probe, trace)
     rec = cli.make_record(
         FRAMEWORK,
         args,

@@ -46,6 +46,7 @@ from common import (
     data,
     devices,
     processes,
+    profiling,
     timing,
     training,
     utilization,
@@ -237,9 +238,10 @@ def sharding(net, optimizer, devs):
     return place, step, jax.jit(correct)
 
 
-def train(net, cfg, ds, devs, strategy, sampler=None, no_progress=False, probe=None):
+def train(net, cfg, ds, devs, strategy, sampler=None, no_progress=False, probe=None, trace=None):
     """d2l's train loop on preloaded, device-resident arrays. In several processes each runs
-    this with its own devices; the program spans all of them. `probe`: --ceiling."""
+    this with its own devices; the program spans all of them. `probe`: --ceiling; `trace`:
+    --profile's profiler around the first timed epoch."""
     n = len(devs)
     optimizer = make_optimizer(cfg.lr)
     place, step, correct = (sharding if strategy == "sharding" else pmap)(net, optimizer, devs)
@@ -249,7 +251,7 @@ def train(net, cfg, ds, devs, strategy, sampler=None, no_progress=False, probe=N
     # On the host: `place` must copy it (a donated device array could alias it otherwise).
     initial = jax.tree_util.tree_map(np.asarray, initial)
     sampler = sampler or utilization.Sampler("cpu_time")
-    timer = timing.Timer(lambda: jdev.sync(state), warmup=1)
+    timer = timing.Timer(lambda: jdev.sync(state), warmup=1, trace=trace)
     first = data.batches(len(ds[1]), cfg.batch_size, cfg.seed, 0)
     quiet = jax.process_index() != 0
     log = training.EpochLog(cfg.epochs, len(first), quiet=quiet, ceiling=probe)
@@ -368,7 +370,8 @@ def main(args, plan, cfg):
     net = resnet18(axis_name=AXIS if strategy == "pmap" else None, dtype=dtype)
     with utilization.sampler_for(plan.platform, plan.count) as sampler:
         probe = ceiling.paired(FRAMEWORK, args, cfg, devs[0])  # --ceiling
-        log, timer = train(net, cfg, ds, devs, strategy, sampler, args.no_progress, probe)
+        trace = profiling.tracer(FRAMEWORK, args, "epoch", jax.process_index())  # --profile
+        log, timer = train(net, cfg, ds, devs, strategy, sampler, args.no_progress, probe, trace)
     usage = sampler.result()
     if plan.platform == "gpu":
         mine = [d for d in devs if d.process_index == jax.process_index()]

@@ -1,8 +1,10 @@
-"""A DevicePlan as MXNet contexts, the barrier for the timer, and versions and threads for the
-record."""
+"""A DevicePlan as MXNet contexts, the barrier for the timer, versions and threads for the record,
+and --profile's tracer."""
 
 import ctypes
 import os
+from contextlib import contextmanager
+from pathlib import Path
 
 import mxnet as mx
 
@@ -56,3 +58,20 @@ def has_bf16() -> bool:
         except mx.base.MXNetError:
             return False
     return True
+
+
+@contextmanager
+def profiler(path: Path):
+    """--profile (common/profiling.py): mx.profiler around the block, every operator and engine
+    event; the Chrome trace at `path`.json, MXNet's aggregate table by operator at `path`.txt.
+    MXNet writes one Chrome trace per process (a second set_config fails), so a run traces one
+    block: --profile with --ceiling is refused for MXNet (profiling.check)."""
+    mx.profiler.set_config(profile_all=True, aggregate_stats=True, filename=f"{path}.json")
+    mx.profiler.set_state("run")
+    try:
+        yield
+    finally:
+        mx.nd.waitall()
+        mx.profiler.set_state("stop")
+    mx.profiler.dump(finished=True)  # unfinished, the file is completed at the process's exit
+    Path(f"{path}.txt").write_text(mx.profiler.dumps(reset=True))

@@ -8,7 +8,7 @@ applies the same SGD step. Side by side with torch_impl/lenet.py and jax_impl/le
 import numpy as np
 from mxnet import autograd, gluon, nd
 
-from common import ceiling, cli, config, data, timing, training, weights
+from common import ceiling, cli, config, data, profiling, timing, training, weights
 from mxnet_impl import devices as mdev
 
 FRAMEWORK, STRATEGY = "mxnet", "scratch"
@@ -112,12 +112,13 @@ def evaluate(device_params, X, y, devices, batch_size):
     return correct / len(y)
 
 
-def train(cfg, devices, train_data, test_data, no_progress=False, probe=None):
-    """d2l's train(num_gpus, batch_size, lr). Returns the device parameters, EpochLog, timer."""
+def train(cfg, devices, train_data, test_data, no_progress=False, probe=None, trace=None):
+    """d2l's train(num_gpus, batch_size, lr). Returns the device parameters, EpochLog, timer.
+    `probe`: --ceiling; `trace`: --profile's profiler around the first timed epoch."""
     X, y = train_data
     params = init_params(cfg.init_std, cfg.seed)
     device_params = [get_params(params, d) for d in devices]
-    timer = timing.Timer(lambda: mdev.sync(devices), warmup=1)
+    timer = timing.Timer(lambda: mdev.sync(devices), warmup=1, trace=trace)
     # Warm-up apart from the epochs (first touch, memory pools; compilation in JAX): one step
     # of each batch shape on throwaway copies, so training itself starts from the initial weights.
     order = data.batches(len(y), cfg.batch_size, cfg.seed, 0)
@@ -130,12 +131,14 @@ def train(cfg, devices, train_data, test_data, no_progress=False, probe=None):
     for epoch in range(cfg.epochs):
         batches = data.batches(len(y), cfg.batch_size, cfg.seed, epoch)
         total = nd.zeros((1,), ctx=devices[0])
+        starts = range(0, len(y), cfg.batch_size)  # the batches, in order
+        # The bar before the clock starts: its first call imports tqdm (50 ms on a CPU).
+        bar = cli.progress(starts, len(batches), f"epoch {epoch + 1}", no_progress)
         with timer.region():
             # The epoch's order in one copy: a copy per batch (a synchronous copy from NumPy)
             # would stop the CPU from queueing the next batch while the GPU runs this one.
             order = nd.array(np.concatenate(batches), ctx=X.context, dtype="int64")
-            starts = range(0, len(order), cfg.batch_size)  # the batches, in order
-            for start in cli.progress(starts, len(batches), f"epoch {epoch + 1}", no_progress):
+            for start in bar:
                 idx = order[start : start + cfg.batch_size]
                 total += train_batch(X.take(idx), y.take(idx), device_params, devices, cfg.lr)
         acc = evaluate(device_params, *test_data, devices, cfg.batch_size)
@@ -164,7 +167,8 @@ def main(args, plan, cfg) -> None:
         )
     )
     probe = ceiling.paired(FRAMEWORK, args, cfg, devices[0])  # --ceiling
-    _, log, timer = train(cfg, devices, train_data, test_data, args.no_progress, probe)
+    trace = profiling.tracer(FRAMEWORK, args, "epoch")  # --profile
+    _, log, timer = train(cfg, devices, train_data, test_data, args.no_progress, probe, trace)
     rec = cli.make_record(
         FRAMEWORK,
         args,

@@ -32,6 +32,7 @@ from common import (
     data,
     devices,
     processes,
+    profiling,
     timing,
     training,
     utilization,
@@ -242,16 +243,18 @@ def dist(net, ctxs, kv):
     return split
 
 
-def train(net, cfg, ds, devs, strategy, sampler=None, no_progress=False, kv=None, probe=None):
+def train(
+    net, cfg, ds, devs, strategy, sampler=None, no_progress=False, kv=None, probe=None, trace=None
+):
     """d2l's train loop on preloaded arrays (on the first context); `kv`: dist's kvstore;
-    `probe`: --ceiling."""
+    `probe`: --ceiling; `trace`: --profile's profiler around the first timed epoch."""
     init_weights(net, cfg.init_std, cfg.seed, devs[:1])
     split = dist(net, devs, kv) if strategy == "dist" else gluon(net, devs)
     net.hybridize()
     trainer = make_optimizer(net, cfg.lr, "device" if kv is None else kv)
     x_train, y_train, x_test, y_test = _to_device(ds, devs[0])
     sampler = sampler or utilization.Sampler("cpu_time")
-    timer = timing.Timer(mdev.sync, warmup=1)
+    timer = timing.Timer(mdev.sync, warmup=1, trace=trace)
     first = data.batches(len(ds[1]), cfg.batch_size, cfg.seed, 0)
     quiet = kv is not None and kv.rank != 0
     log = training.EpochLog(cfg.epochs, len(first), quiet=quiet, ceiling=probe)
@@ -327,8 +330,9 @@ def main(args, plan, cfg):
     ds = data.load_subsets(cfg.train_subset, cfg.test_subset, cfg.seed)
     with utilization.sampler_for(plan.platform, len(ctxs)) as sampler:
         probe = ceiling.paired(FRAMEWORK, args, cfg, ctxs[0])  # --ceiling
+        trace = profiling.tracer(FRAMEWORK, args, "epoch", kv.rank if kv else 0)  # --profile
         log, timer = train(
-            resnet18(), cfg, ds, ctxs, strategy, sampler, args.no_progress, kv, probe
+            resnet18(), cfg, ds, ctxs, strategy, sampler, args.no_progress, kv, probe, trace
         )
     names, extra = mdev.device_names(ctxs), {**sampler.result(), "amp": args.amp}
     if kv is not None:
@@ -385,6 +389,7 @@ def _worker_argv(args):
     argv = ["--workload", args.workload, "--gpus", str(args.gpus), "--platform", args.platform]
     argv += ["--preset", args.preset, "--strategy", "dist", "--amp", args.amp]
     argv += ["--results", str(args.results)]
+    argv += ["--profile", args.profile] if args.profile else []
     for flag, value in (("--epochs", args.epochs), ("--batch-size", args.batch_size)):
         if value is not None:
             argv += [flag, str(value)]

@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from common import ceiling, cli
+from common import ceiling, cli, profiling
 from torch_impl import devices as tdev
 from torch_impl import lenet, resnet18
 
@@ -61,7 +61,8 @@ def main(args, plan, cfg):
     device = tdev.get_devices(plan)[0]
     step, state, sync = build(args, cfg, device)
     warmup, steps, repeats = ceiling.counts(args, cfg)
-    timer = ceiling.measure(step, state, sync, warmup, steps, repeats)
+    trace = profiling.tracer(FRAMEWORK, args, "ceiling")  # --profile: the first timed repeat
+    timer = ceiling.measure(step, state, sync, warmup, steps, repeats, trace)
     fields = ceiling.record_fields(timer, cfg, args.amp, warmup, steps)
     fields["extra"] |= tdev.compile_fields(args.compile, device)
     names, versions = tdev.device_names([device]), tdev.versions()

@@ -1,9 +1,13 @@
-"""A DevicePlan as torch devices, the barrier for the timer, versions and threads for the record,
-and how a GPU trains: its layout and the compile mode of --compile."""
+"""A DevicePlan as torch devices, the barrier for the timer, versions, threads and usage for the
+record, how a GPU trains (its layout and the compile mode of --compile) and --profile's tracer."""
+
+from contextlib import contextmanager
+from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
-from common import devices
+from common import devices, utilization
 
 
 def get_devices(plan: devices.DevicePlan) -> list[torch.device]:
@@ -31,6 +35,23 @@ def versions() -> dict[str, str]:
 def threads() -> int | None:
     """The threads an operator computes with: torch's intra-op count."""
     return torch.get_num_threads()
+
+
+def gather_usage(usage: dict, devs: list[torch.device], gpu: bool, world: int) -> dict:
+    """Utilisation and allocator peaks of every DDP rank (`world` > 1: a collective), on rank 0
+    (the others get theirs back); one process's own otherwise."""
+    peaks = [torch.cuda.max_memory_allocated(d) for d in devs] if gpu else []
+    parts = [(usage, peaks)]
+    if world > 1:
+        parts = [None] * world
+        dist.all_gather_object(parts, (usage, peaks))
+    merged = utilization.merge([u for u, _ in parts])
+    if gpu:
+        allocated = [p for _, ps in parts for p in ps]
+        merged = utilization.with_allocator_peaks(
+            merged, allocated, "torch.cuda.max_memory_allocated"
+        )
+    return merged
 
 
 def gpu_layout(net: torch.nn.Module, device: torch.device) -> torch.nn.Module:
@@ -90,3 +111,20 @@ def compile_fields(compiled: bool, device: torch.device, n_devices: int = 1) -> 
         "compile_mode": compile_mode(device, n_devices),
         "cudagraph_skips": counters["inductor"]["cudagraph_skips"],
     }
+
+
+@contextmanager
+def profiler(path: Path):
+    """--profile (common/profiling.py): torch.profiler around the block, CPU ops and, where torch
+    sees a GPU, its kernels; the Chrome trace at `path`.json, torch's table of ops by self time
+    (the device's where there is one) at `path`.txt."""
+    gpu = torch.cuda.is_available()
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    activities += [torch.profiler.ProfilerActivity.CUDA] if gpu else []
+    with torch.profiler.profile(activities=activities) as prof:
+        yield
+    prof.export_chrome_trace(f"{path}.json")
+    table = prof.key_averages().table(
+        sort_by="self_device_time_total" if gpu else "self_cpu_time_total", row_limit=30
+    )
+    Path(f"{path}.txt").write_text(table + "\n")

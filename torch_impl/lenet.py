@@ -9,7 +9,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from common import ceiling, cli, config, data, timing, training, weights
+from common import ceiling, cli, config, data, profiling, timing, training, weights
 from torch_impl import devices as tdev
 
 FRAMEWORK, STRATEGY = "torch", "scratch"
@@ -105,16 +105,19 @@ def evaluate(device_params, X, y, devices, batch_size):
     return correct / len(y)
 
 
-def train(cfg, devices, train_data, test_data, no_progress=False, probe=None, compiled=False):
+def train(
+    cfg, devices, train_data, test_data, no_progress=False, probe=None, compiled=False, trace=None
+):
     """d2l's train(num_gpus, batch_size, lr). Returns the device parameters, EpochLog, timer.
-    `compiled`: the per-device forward torch.compiled (--compile), as JAX jits its own."""
+    `compiled`: the per-device forward torch.compiled (--compile), as JAX jits its own;
+    `probe`: --ceiling; `trace`: --profile's profiler around the first timed epoch."""
     X, y = train_data
     params = init_params(cfg.init_std, cfg.seed)
     device_params = [get_params(params, d) for d in devices]
     model, calls = (lenet, 1)
     if compiled:  # compiled (and CUDA graphs captured) in the warm-up, never in an epoch
         model, calls = tdev.compile_function(lenet, devices[0], len(devices))
-    timer = timing.Timer(lambda: tdev.sync(devices), warmup=1)
+    timer = timing.Timer(lambda: tdev.sync(devices), warmup=1, trace=trace)
     # Warm-up apart from the epochs (first touch, allocator; compilation): `calls` steps of each
     # batch shape on throwaway copies, so training itself starts from the initial weights.
     order = data.batches(len(y), cfg.batch_size, cfg.seed, 0)
@@ -127,12 +130,14 @@ def train(cfg, devices, train_data, test_data, no_progress=False, probe=None, co
     for epoch in range(cfg.epochs):
         batches = data.batches(len(y), cfg.batch_size, cfg.seed, epoch)
         total = torch.zeros((), device=devices[0])
+        starts = range(0, len(y), cfg.batch_size)  # the batches, in order
+        # The bar before the clock starts: its first call imports tqdm (50 ms on a CPU).
+        bar = cli.progress(starts, len(batches), f"epoch {epoch + 1}", no_progress)
         with timer.region():
             # The epoch's order in one copy: a copy per batch (`.to` waits for the GPU) would
             # stop the CPU from queueing the next batch while the GPU runs this one.
             order = torch.from_numpy(np.concatenate(batches)).to(X.device)
-            starts = range(0, len(order), cfg.batch_size)  # the batches, in order
-            for start in cli.progress(starts, len(batches), f"epoch {epoch + 1}", no_progress):
+            for start in bar:
                 idx = order[start : start + cfg.batch_size]
                 total += train_batch(X[idx], y[idx], device_params, devices, cfg.lr, model)
         acc = evaluate(device_params, *test_data, devices, cfg.batch_size)
@@ -161,8 +166,9 @@ def main(args, plan, cfg) -> None:
         )
     )
     probe = ceiling.paired(FRAMEWORK, args, cfg, devices[0])  # --ceiling
+    trace = profiling.tracer(FRAMEWORK, args, "epoch")  # --profile
     _, log, timer = train(
-        cfg, devices, train_data, test_data, args.no_progress, probe, args.compile
+        cfg, devices, train_data, test_data, args.no_progress, probe, args.compile, trace
     )
     rec = cli.make_record(
         FRAMEWORK,

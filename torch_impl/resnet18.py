@@ -45,7 +45,18 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from common import ceiling, cli, config, data, devices, timing, training, utilization, weights
+from common import (
+    ceiling,
+    cli,
+    config,
+    data,
+    devices,
+    profiling,
+    timing,
+    training,
+    utilization,
+    weights,
+)
 from torch_impl import devices as tdev
 from torch_impl import launch
 
@@ -205,11 +216,12 @@ def ddp(net, device):
 
 def train(
     net, cfg, ds, devs, strategy, sampler=None, no_progress=False, amp=False, compiled=False,
-    probe=None,
+    probe=None, trace=None,
 ):  # fmt: skip
     """d2l's train loop on preloaded arrays. Under DDP each process runs this for its rank.
     `amp`: torch's bf16 is an autocast context around each step (JAX's is the model's dtype).
-    `compiled`: torch.compile (--compile; JAX's jit, Gluon's hybridize); `probe`: --ceiling."""
+    `compiled`: torch.compile (--compile; JAX's jit, Gluon's hybridize); `probe`: --ceiling;
+    `trace`: --profile's profiler around the first timed epoch."""
     rank, world = (dist.get_rank(), dist.get_world_size()) if strategy == "ddp" else (0, 1)
     device = devs[0]
     # --compile: the inner module, in place (its weights keep their names), before DDP or
@@ -220,7 +232,7 @@ def train(
     x_train, y_train, x_test, y_test = _to_device(ds, device)
     optimizer = make_optimizer(net, cfg.lr)
     sampler = sampler or utilization.Sampler("cpu_time")
-    timer = timing.Timer(lambda: tdev.sync([device]), warmup=1)
+    timer = timing.Timer(lambda: tdev.sync([device]), warmup=1, trace=trace)
     first = data.batches(len(y_train), cfg.batch_size, cfg.seed, 0)
     log = training.EpochLog(cfg.epochs, len(first), quiet=rank != 0, ceiling=probe)
     # Warm-up apart from the epochs (compilation, cuDNN autotuning, allocator): `calls` steps of
@@ -327,11 +339,12 @@ def _run(args, plan, cfg, strategy, devs):
         log, timer = train(
             net, cfg, ds, devs, strategy, sampler, args.no_progress, args.amp == "bf16",
             args.compile, ceiling.paired(FRAMEWORK, args, cfg, devs[0]),  # --ceiling
+            profiling.tracer(FRAMEWORK, args, "epoch", rank),  # --profile
         )  # fmt: skip
-    usage = _gather_usage(sampler.result(), devs, plan.platform == "gpu", strategy)
+    world = dist.get_world_size() if strategy == "ddp" else 1
+    usage = tdev.gather_usage(sampler.result(), devs, plan.platform == "gpu", world)
     if rank != 0:
         return
-    world = dist.get_world_size() if strategy == "ddp" else 1
     ranks = [f"rank{r}:{devs[0].type}" for r in range(world)]
     names = tdev.device_names(devs) if strategy == "dataparallel" else ranks
     extra = {**usage, "world_size": world}  # threads: cli.make_record
@@ -347,22 +360,6 @@ def _run(args, plan, cfg, strategy, devs):
     cli.save(rec, args.results, plan)
 
 
-def _gather_usage(usage, devs, gpu, strategy):
-    """Utilisation and allocator peaks of every rank, on rank 0 (the others get theirs back)."""
-    peaks = [torch.cuda.max_memory_allocated(d) for d in devs] if gpu else []
-    parts = [(usage, peaks)]
-    if strategy == "ddp" and dist.get_world_size() > 1:
-        parts = [None] * dist.get_world_size()
-        dist.all_gather_object(parts, (usage, peaks))
-    merged = utilization.merge([u for u, _ in parts])
-    if gpu:
-        allocated = [p for _, ps in parts for p in ps]
-        merged = utilization.with_allocator_peaks(
-            merged, allocated, "torch.cuda.max_memory_allocated"
-        )
-    return merged
-
-
 # --- torch only: the DDP worker, one process per device, started by torchrun ------------------
 
 
@@ -371,6 +368,7 @@ def _worker_argv(args):
     argv = ["--workload", args.workload, "--gpus", str(args.gpus), "--platform", args.platform]
     argv += ["--preset", args.preset, "--strategy", "ddp", "--amp", args.amp]
     argv += ["--results", str(args.results)]
+    argv += ["--profile", args.profile] if args.profile else []
     overrides = (("--epochs", args.epochs), ("--batch-size", args.batch_size), ("--lr", args.lr))
     argv += [part for flag, v in overrides if v is not None for part in (flag, str(v))]
     argv += [flag for flag, on in (("--compile", args.compile), ("--ceiling", args.ceiling)) if on]

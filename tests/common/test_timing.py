@@ -1,3 +1,5 @@
+from contextlib import contextmanager
+
 import pytest
 
 from common import timing
@@ -46,3 +48,27 @@ def test_single_repeat_has_zero_std_and_empty_is_an_error():
     assert timing.summarize([2.0]).std == 0.0
     with pytest.raises(ValueError):
         timing.summarize([])
+
+
+def test_trace_wraps_the_first_timed_region_only_outside_its_clock():
+    """--profile: the profiler runs around the first region after the warm-up (its syncs
+    included), entered before the clock starts and left after it stops."""
+    clock, events = FakeClock(), []
+
+    @contextmanager
+    def trace():
+        events.append("enter")
+        clock.now += 100.0  # the profiler's start and its export are not the region's time
+        yield
+        events.append("exit")
+        clock.now += 100.0
+
+    timer = timing.Timer(lambda: events.append("sync"), warmup=2, clock=clock, trace=trace)
+    for work in (1.0, 2.0, 3.0, 4.0):
+        with timer.region():
+            events.append(f"work {work:g}")
+            clock.now += work
+    regions = ["sync", "work 1", "sync", "sync", "work 2", "sync"]
+    regions += ["enter", "sync", "work 3", "sync", "exit", "sync", "work 4", "sync"]
+    assert events == regions
+    assert (timer.warmup_times, timer.times) == ([1.0, 2.0], [3.0, 4.0])
