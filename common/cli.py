@@ -78,8 +78,8 @@ def parser(framework: str) -> argparse.ArgumentParser:
         "--profile",
         default=None,
         metavar="DIR",
-        help="lenet, resnet18: trace the first timed epoch (and ceiling repeat) into DIR with "
-        "the framework's profiler; writes no record",
+        help="trace the first timed epoch (resnet50: repeat; --ceiling: and its first repeat) "
+        "into DIR with the framework's profiler; writes no record",
     )
     _node_options(p)
     p.add_argument(
@@ -263,7 +263,7 @@ def run(
         check_amp(framework, args, plan.platform)
         check_ceiling(args, plan.count)
         check_nodes(framework, args)
-        profiling.check(framework, args)
+        profiling.check(framework, args, plan.count)
         results.check_writable(args.results)  # before hours of training, not after
         if before_import is not None:
             before_import(plan)

@@ -1,4 +1,4 @@
-"""--profile DIR: a run's first timed epoch traced by its framework's own profiler.
+"""--profile DIR: a run's first timed epoch (resnet50: repeat) traced by its framework's profiler.
 
 Each framework's `devices.profiler(path)` (torch.profiler, jax.profiler, mx.profiler) writes a
 Chrome trace at `path` plus its extension, which Perfetto (ui.perfetto.dev) or chrome://tracing
@@ -8,6 +8,7 @@ what the training loop runs that the tight loop does not.
 
 Tracing slows what it traces, so a profiled run writes no results record: its epoch times are
 printed, not kept. The timer enters the profiler outside its clock (common.timing.Timer).
+MXNet's profiler writes one Chrome trace per process, so MXNet traces one run per process.
 """
 
 from __future__ import annotations
@@ -21,9 +22,6 @@ from pathlib import Path
 
 from common import config
 
-WORKLOADS = ("lenet", "resnet18")
-PARTS = ("epoch", "ceiling")  # the first timed epoch; the first timed ceiling repeat
-
 
 def trace_path(directory: str | Path, framework: str, workload: str, part: str, rank: int = 0):
     """DIR/<framework>-<workload>-<part>[-rank<r>], the framework adding its extension; a DDP
@@ -32,19 +30,22 @@ def trace_path(directory: str | Path, framework: str, workload: str, part: str, 
     return Path(directory) / f"{framework}-{workload}-{part}{suffix}"
 
 
-def check(framework: str, args: argparse.Namespace) -> None:
-    """--profile: a workload it covers and a folder it can write, or one line, before any work."""
+def check(framework: str, args: argparse.Namespace, n_devices: int = 1) -> None:
+    """--profile: what it can trace and a folder it can write, or one line, before any work."""
     directory = getattr(args, "profile", None)
     if directory is None:
         return
-    if args.workload not in WORKLOADS:
+    if args.workload == "resnet50" and args.strategy in ("gpipe", "1f1b"):
         raise config.ConfigError(
-            f"--profile covers {' and '.join(WORKLOADS)}, not {args.workload}; drop it"
+            f"--profile covers resnet50 single, model_parallel and pipeline, not {args.strategy} "
+            "(torch.distributed.pipelining runs a process per stage); drop it"
         )
-    if framework == "mxnet" and getattr(args, "ceiling", False):
+    several = args.workload == "resnet50" and (args.sweep or (n_devices > 1 and not args.strategy))
+    if framework == "mxnet" and (getattr(args, "ceiling", False) or several):
+        what = "--ceiling" if getattr(args, "ceiling", False) else "several resnet50 runs"
         raise config.ConfigError(
-            "--profile with --ceiling: MXNet's profiler writes one trace per process; trace the "
-            "ceiling apart (python -m mxnet_impl.ceiling --profile DIR)"
+            f"--profile with {what}: MXNet's profiler writes one trace per process; trace one "
+            "run at a time (one --strategy; the ceiling apart: python -m mxnet_impl.ceiling)"
         )
     path = Path(directory)
     parent = next((p for p in path.parents if p.exists()), Path("."))
@@ -73,6 +74,15 @@ def tracer(
         return profiler(path)
 
     return trace
+
+
+def resnet50_traces(framework: str, args: argparse.Namespace, strategy: str, split_sizes, sweep):
+    """{split size: the Timer's `trace`} of one resnet50 run (None each without --profile):
+    DIR/<framework>-resnet50-<strategy>, or -pipeline-split<s> for each of a sweep's."""
+    return {
+        s: tracer(framework, args, f"{strategy}-split{s}" if sweep else strategy)
+        for s in split_sizes
+    }
 
 
 def skip_note(directory: str, traced: str = "epoch") -> str:

@@ -3,8 +3,9 @@ strategies a command asks for: framework-free, shared by torch_impl, jax_impl an
 """
 
 import math
+import sys
 
-from common import config, results, timing, training
+from common import config, profiling, results, timing, training
 
 # ResNet-50 cut into a sequence of blocks: the stem, the 16 bottlenecks, the head.
 LAYERS = (("layer1", 64, 3, 1), ("layer2", 128, 4, 2), ("layer3", 256, 6, 2), ("layer4", 512, 3, 2))
@@ -148,8 +149,12 @@ def diverged_repeat(losses, num_batches: int) -> int | None:
 
 def save(rec: results.Record, path, cfg, plan) -> None:
     """Append the record and print one line: the time, throughput, loss, stages and devices; a
-    run that diverged is recorded as such, then ends with one line (common.cli.save)."""
-    results.append(rec, path)
+    run that diverged is recorded as such, then ends with one line (common.cli.save). A profiled
+    run (--profile) appends nothing: the profiler slowed its first timed repeat."""
+    if rec.extra.get("profile"):
+        print(profiling.skip_note(rec.extra["profile"], "repeat"), file=sys.stderr)
+    else:
+        results.append(rec, path)
     if rec.diverged_at_epoch is not None:
         raise training.Diverged(rec.diverged_at_epoch, rec.train_loss[-1], "repeat")
     split = f" (split {rec.split_size})" if rec.split_size else ""

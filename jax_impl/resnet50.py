@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from common import cli, config, stages, timing
+from common import cli, config, profiling, stages, timing
 from common.stages import LAYERS, stage_blocks
 from jax_impl import devices as jdev
 from jax_impl import weights as jweights
@@ -61,8 +61,7 @@ def train_toy(devices, lr=0.001, seed=0):
 def resnet50(num_classes=1000, seed=0):
     """The module and its variables: a flax module holds no weights, so both are returned."""
     model = ResNet50(num_classes)
-    # Shapes from eval_shape and values from numpy: model.init would compile (or run op by op)
-    # a forward pass of the whole network, 15 s on 2 cores. Kernels ~ lecun normal as in flax.
+    # eval_shape + numpy (lecun-normal kernels): model.init compiles a whole forward (15 s, 2 cores)
     shapes = jax.eval_shape(
         partial(model.init, train=False), jax.random.key(0), jnp.zeros((1, 32, 32, 3))
     )
@@ -347,16 +346,17 @@ def measure_stages(model, cfg, repeats=3):
     }
 
 
-def train(model, cfg, devices, train_bn=True, split_sizes=(None,)):
+def train(model, cfg, devices, train_bn=True, split_sizes=(None,), traces=None):
     """The tutorial's loop: MSE on one-hot labels, SGD, `num_batches` steps per timed repeat,
     `warmup` repeats apart (they compile); several `split_sizes` (the sweep) taken round-robin
     (stages.round_robin). train_bn=False: BatchNorm uses its running statistics, so
-    micro-batches change nothing (tests). Returns a Timer and every loss per split size."""
+    micro-batches change nothing (tests). `traces`: --profile's, per split size. Returns a
+    Timer and every loss per split size."""
     model.train_bn = train_bn
     inputs, labels = make_data(cfg, devices)
     losses = {s: [] for s in split_sizes}
     sync = lambda: jdev.sync((model.params, model.stats, losses))  # noqa: E731
-    timers = {s: timing.Timer(sync, cfg.warmup) for s in split_sizes}
+    timers = {s: timing.Timer(sync, cfg.warmup, trace=traces and traces[s]) for s in split_sizes}
     for split_size in stages.round_robin(split_sizes, cfg.warmup, cfg.repeats):
         model.split_size = split_size  # None: the whole batch (single, model_parallel)
         with timers[split_size].region():
@@ -378,7 +378,8 @@ def run_strategy(args, plan, cfg, devs, strategy, split_sizes=(None,), sweep=Fal
     used = stages.stage_devices(devs, strategy)
     shared = len(used) > plan.count  # one GPU: both stages on it
     model = build(strategy, used, split_sizes[0], cfg.num_classes, cfg.seed)
-    runs = train(model, cfg, used, split_sizes=split_sizes)
+    traces = profiling.resnet50_traces(FRAMEWORK, args, strategy, split_sizes, sweep)
+    runs = train(model, cfg, used, split_sizes=split_sizes, traces=traces)
     extra = measure_stages(model, cfg) if strategy != "single" else {}
     recs = []
     for split_size, (timer, losses) in runs.items():

@@ -15,7 +15,7 @@ import numpy as np
 from mxnet import autograd, gluon, nd
 from mxnet.gluon import nn
 
-from common import cli, config, stages, timing
+from common import cli, config, profiling, stages, timing
 from common.stages import stage_blocks
 from mxnet_impl import devices as mdev
 from mxnet_impl import weights as mweights
@@ -205,17 +205,20 @@ def use_running_stats(model, on):
         stage.hybridize()  # drops the cached graphs built with the old setting
 
 
-def train(model, cfg, devices, train_bn=True, split_sizes=(None,)):
+def train(model, cfg, devices, train_bn=True, split_sizes=(None,), traces=None):
     """The tutorial's loop: MSE on one-hot labels, SGD, `num_batches` steps per timed repeat,
     `warmup` repeats apart; several `split_sizes` (the sweep) taken round-robin
     (stages.round_robin). train_bn=False: BatchNorm uses its running statistics, so
-    micro-batches change nothing (tests). Returns a Timer and every loss per split size."""
+    micro-batches change nothing (tests). `traces`: --profile's, per split size. Returns a
+    Timer and every loss per split size."""
     # a Trainer needs all its parameters on one set of contexts: one per stage
     use_running_stats(model, not train_bn)
     groups = [s.collect_params() for s in getattr(model, "stages", [model])]
     trainers = [gluon.Trainer(g, "sgd", {"learning_rate": cfg.lr}, kvstore=None) for g in groups]
     inputs, labels = make_data(cfg, devices)
-    timers = {s: timing.Timer(mdev.sync, cfg.warmup) for s in split_sizes}
+    timers = {
+        s: timing.Timer(mdev.sync, cfg.warmup, trace=traces and traces[s]) for s in split_sizes
+    }
     losses = {s: [] for s in split_sizes}
     for split_size in stages.round_robin(split_sizes, cfg.warmup, cfg.repeats):
         model.split_size = split_size  # None: the whole batch (single, model_parallel)
@@ -249,7 +252,8 @@ def run_strategy(args, plan, cfg, devs, strategy, split_sizes=(None,), sweep=Fal
     shared = len(used) > plan.count  # one GPU: both stages on it
     mx.random.seed(cfg.seed)
     model = build(strategy, used, split_sizes[0], cfg.num_classes)
-    runs = train(model, cfg, used, split_sizes=split_sizes)
+    traces = profiling.resnet50_traces(FRAMEWORK, args, strategy, split_sizes, sweep)
+    runs = train(model, cfg, used, split_sizes=split_sizes, traces=traces)
     extra = measure_stages(model, cfg) if strategy != "single" else {}
     recs = []
     for split_size, (timer, losses) in runs.items():

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch import nn, optim
 from torchvision.models.resnet import Bottleneck, ResNet
 
-from common import cli, config, stages, timing
+from common import cli, config, profiling, stages, timing
 from common.stages import stage_blocks
 from torch_impl import devices as tdev
 from torch_impl import launch
@@ -180,16 +180,20 @@ def measure_stages(model, cfg, repeats=3):
     }
 
 
-def train(model, cfg, devices, train_bn=True, split_sizes=(None,)):
+def train(model, cfg, devices, train_bn=True, split_sizes=(None,), traces=None):
     """The tutorial's loop: MSE on one-hot labels, SGD, `num_batches` steps per timed repeat,
     `warmup` repeats apart; several `split_sizes` (the sweep) taken round-robin
     (stages.round_robin). train_bn=False: BatchNorm uses its running statistics, so
-    micro-batches change nothing (tests). Returns a Timer and every loss per split size."""
+    micro-batches change nothing (tests). `traces`: --profile's, per split size. Returns a
+    Timer and every loss per split size."""
     model.train(train_bn)
     loss_fn = nn.MSELoss()
     optimizer = optim.SGD(model.parameters(), lr=cfg.lr)
     inputs, labels = make_data(cfg, devices, next(model.parameters()).dtype)
-    timers = {s: timing.Timer(lambda: tdev.sync(devices), cfg.warmup) for s in split_sizes}
+    timers = {
+        s: timing.Timer(lambda: tdev.sync(devices), cfg.warmup, trace=traces and traces[s])
+        for s in split_sizes
+    }
     losses = {s: [] for s in split_sizes}
     for split_size in stages.round_robin(split_sizes, cfg.warmup, cfg.repeats):
         model.split_size = split_size  # None: the whole batch (single, model_parallel)
@@ -231,7 +235,8 @@ def run_strategy(args, plan, cfg, devs, strategy, split_sizes=(None,), sweep=Fal
         cuda = list(dict.fromkeys(d for d in used if d.type == "cuda"))
         for d in cuda:  # after the build: CUDA refuses this on a device it has not touched yet
             torch.cuda.reset_peak_memory_stats(d)
-        runs = train(model, cfg, used, split_sizes=split_sizes)
+        traces = profiling.resnet50_traces(FRAMEWORK, args, strategy, split_sizes, sweep)
+        runs = train(model, cfg, used, split_sizes=split_sizes, traces=traces)
         extra = measure_stages(model, cfg) if strategy != "single" else {}
         if strategy == "single" and cuda:
             extra = {"peak_memory_bytes": [torch.cuda.max_memory_allocated(cuda[0])]}

@@ -9,3 +9,7 @@ def test_a_profiled_lenet_run_traces_its_first_timed_epoch(tmp_path):
 
 def test_a_profiled_ceiling_traces_its_first_timed_repeat(tmp_path):
     profile_checks.check_ceiling("mxnet", tmp_path)
+
+
+def test_a_profiled_resnet50_pipeline_traces_one_timed_repeat(tmp_path):
+    profile_checks.check_resnet50("mxnet", tmp_path)
