@@ -222,10 +222,7 @@ def record_fields(timer: timing.Timer, cfg, amp: str, warmup: int, steps: int):
 def save(rec: results.Record, path, plan: devices.DevicePlan) -> None:
     """Append the record (not a profiled one's: the profiler slowed its first repeat) and print
     the ceiling's line."""
-    if rec.extra.get("profile"):
-        print(profiling.skip_note(rec.extra["profile"], "repeat"), file=sys.stderr)
-    else:
-        results.append(rec, path)
+    profiling.append(rec, path, "repeat")
     x = rec.extra
     print(
         f"ceiling: {x['s_per_step']:.4g} s/step (median of {x['repeats']} x {rec.steps_timed} "

@@ -335,10 +335,7 @@ def save(rec: results.Record, path, plan: devices.DevicePlan) -> None:
     """Append the record, then print the run's throughput and d2l's closing line; a run that
     diverged is recorded as such (what it measured kept), then ends with one line. A profiled
     run (--profile) appends nothing: the profiler slowed its first timed epoch."""
-    if rec.extra.get("profile"):
-        print(profiling.skip_note(rec.extra["profile"]), file=sys.stderr)
-    else:
-        results.append(rec, path)
+    profiling.append(rec, path)
     if rec.diverged_at_epoch is not None:
         raise training.Diverged(rec.diverged_at_epoch, rec.train_loss[-1])
     print(f"{rec.images_per_sec:.1f} images/sec ({rec.strategy})")

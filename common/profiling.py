@@ -16,11 +16,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import sys
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from common import config
+from common import config, results
 
 
 def trace_path(directory: str | Path, framework: str, workload: str, part: str, rank: int = 0):
@@ -85,9 +86,15 @@ def resnet50_traces(framework: str, args: argparse.Namespace, strategy: str, spl
     }
 
 
-def skip_note(directory: str, traced: str = "epoch") -> str:
-    """Why a profiled run (or ceiling: `traced` "repeat") appended no record, and where to look."""
-    return (
+def append(rec: results.Record, path, traced: str = "epoch") -> None:
+    """Append the record to `path`; a profiled run's (--profile) instead says why it keeps none
+    (tracing slowed its first timed `traced`: epoch, or repeat) and where its traces are."""
+    directory = rec.extra.get("profile")
+    if directory is None:
+        results.append(rec, path)
+        return
+    print(
         f"--profile: traces in {directory} (python -m compare.profile {directory}); no record "
-        f"written: tracing slowed the {traced} it traced"
+        f"written: tracing slowed the {traced} it traced",
+        file=sys.stderr,
     )

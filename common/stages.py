@@ -3,7 +3,6 @@ strategies a command asks for: framework-free, shared by torch_impl, jax_impl an
 """
 
 import math
-import sys
 
 from common import config, profiling, results, timing, training
 
@@ -151,10 +150,7 @@ def save(rec: results.Record, path, cfg, plan) -> None:
     """Append the record and print one line: the time, throughput, loss, stages and devices; a
     run that diverged is recorded as such, then ends with one line (common.cli.save). A profiled
     run (--profile) appends nothing: the profiler slowed its first timed repeat."""
-    if rec.extra.get("profile"):
-        print(profiling.skip_note(rec.extra["profile"], "repeat"), file=sys.stderr)
-    else:
-        results.append(rec, path)
+    profiling.append(rec, path, "repeat")
     if rec.diverged_at_epoch is not None:
         raise training.Diverged(rec.diverged_at_epoch, rec.train_loss[-1], "repeat")
     split = f" (split {rec.split_size})" if rec.split_size else ""
