@@ -1,4 +1,5 @@
-"""common/ is framework-free (docs/design.md): it must import with every framework blocked."""
+"""common/ is framework-free (docs/design.md): it must import with every framework blocked; so
+must compare.profile, which reads every framework's traces."""
 
 import subprocess
 import sys
@@ -12,7 +13,8 @@ class Block(importlib.abc.MetaPathFinder):
             raise ImportError(f"{name} is blocked in this test")
 sys.meta_path.insert(0, Block())
 import common.cli, common.config, common.data, common.devices, common.info
-import common.processes, common.results, common.stages, common.timing, common.utilization
+import common.processes, common.profiling, common.results, common.stages, common.timing
+import common.utilization, compare.profile
 import common.weights
 loaded = BLOCKED & {m.split(".")[0] for m in sys.modules}
 assert not loaded, loaded
