@@ -36,11 +36,6 @@ def check(framework: str, args: argparse.Namespace, n_devices: int = 1) -> None:
     directory = getattr(args, "profile", None)
     if directory is None:
         return
-    if args.workload == "resnet50" and args.strategy in ("gpipe", "1f1b"):
-        raise config.ConfigError(
-            f"--profile covers resnet50 single, model_parallel and pipeline, not {args.strategy} "
-            "(torch.distributed.pipelining runs a process per stage); drop it"
-        )
     several = args.workload == "resnet50" and (args.sweep or (n_devices > 1 and not args.strategy))
     if framework == "mxnet" and (getattr(args, "ceiling", False) or several):
         what = "--ceiling" if getattr(args, "ceiling", False) else "several resnet50 runs"
@@ -64,11 +59,16 @@ def tracer(
 ) -> Callable[[], AbstractContextManager] | None:
     """The Timer's `trace` for --profile (None without it): the framework's profiler, writing
     this part's trace into the --profile folder."""
-    directory = getattr(args, "profile", None)
+    return tracer_at(framework, getattr(args, "profile", None), args.workload, part, rank)
+
+
+def tracer_at(framework: str, directory: str | None, workload: str, part: str, rank: int = 0):
+    """`tracer` for a process that has the --profile folder but not the command line (a worker
+    of torch's pipelining engine); None when `directory` is."""
     if directory is None:
         return None
     profiler = importlib.import_module(f"{framework}_impl.devices").profiler
-    path = trace_path(directory, framework, args.workload, part, rank)
+    path = trace_path(directory, framework, workload, part, rank)
 
     def trace() -> AbstractContextManager:
         path.parent.mkdir(parents=True, exist_ok=True)  # made when the trace starts, not before

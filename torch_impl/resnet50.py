@@ -224,7 +224,7 @@ def run_strategy(args, plan, cfg, devs, strategy, split_sizes=(None,), sweep=Fal
     shared = len(used) > plan.count  # one GPU: both stages on it
     torch.manual_seed(cfg.seed)
     if strategy in ("gpipe", "1f1b"):
-        out = launch_pipelining(cfg, plan, strategy, split_sizes[0])
+        out = launch_pipelining(cfg, plan, strategy, split_sizes[0], profile=args.profile)
         timer = timing.Timer(warmup=cfg.warmup)
         timer.warmup_times, timer.times = out["warmup_times"], out["times"]
         runs, extra = {split_sizes[0]: (timer, out["losses"])}, out["extra"]
@@ -279,14 +279,16 @@ def check_pipelining(strategy, n_stages, split_size, batch_size):
         )
 
 
-def launch_pipelining(cfg, plan, strategy, split_size, train_bn=True):
-    """Start one process per stage with torchrun and return what the last stage reports."""
+def launch_pipelining(cfg, plan, strategy, split_size, train_bn=True, profile=None):
+    """Start one process per stage with torchrun and return what the last stage reports.
+    `profile`: --profile's folder, where each rank traces its first timed repeat."""
     spec = {
         "cfg": dataclasses.asdict(cfg),
         "strategy": strategy,
         "split_size": split_size,
         "gpu": plan.platform == "gpu",
         "train_bn": train_bn,
+        "profile": profile,
     }
     with tempfile.TemporaryDirectory() as tmp:
         spec["out"] = str(Path(tmp) / "result.json")
@@ -306,7 +308,8 @@ def pipelining_worker(spec):
         device = torch.device(f"cuda:{int(os.environ['LOCAL_RANK'])}")
         torch.cuda.set_device(device)
     stage_module, schedule = _stage_and_schedule(spec, cfg, rank, world, device)
-    timer, losses = _run_schedule(schedule, stage_module, cfg, rank, world, device)
+    trace = profiling.tracer_at(FRAMEWORK, spec["profile"], "resnet50", spec["strategy"], rank)
+    timer, losses = _run_schedule(schedule, stage_module, cfg, rank, world, device, trace)
     stage_params = [None] * world
     dist.all_gather_object(stage_params, sum(p.numel() for p in stage_module.parameters()))
     if rank == world - 1:
@@ -337,9 +340,9 @@ def _stage_and_schedule(spec, cfg, rank, world, device):
     return stage_module, schedule
 
 
-def _run_schedule(schedule, stage_module, cfg, rank, world, device):
+def _run_schedule(schedule, stage_module, cfg, rank, world, device, trace=None):
     """`train`'s loop with the schedule's step: rank 0 feeds the inputs, the last rank the
-    labels (and gets the micro-batches' losses)."""
+    labels (and gets the micro-batches' losses). `trace`: --profile's, this rank's."""
     optimizer = optim.SGD(stage_module.parameters(), lr=cfg.lr)
     inputs, labels = make_data(cfg, [device])
 
@@ -347,7 +350,7 @@ def _run_schedule(schedule, stage_module, cfg, rank, world, device):
         tdev.sync([device])
         dist.barrier()
 
-    timer, losses = timing.Timer(barrier, warmup=cfg.warmup), []
+    timer, losses = timing.Timer(barrier, warmup=cfg.warmup, trace=trace), []
     for _ in range(cfg.warmup + cfg.repeats):
         with timer.region():
             for b in range(cfg.num_batches):

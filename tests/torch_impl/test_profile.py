@@ -21,6 +21,10 @@ def test_a_profiled_resnet50_pipeline_traces_one_timed_repeat(tmp_path):
     profile_checks.check_resnet50("torch", tmp_path)
 
 
+def test_a_profiled_gpipe_run_traces_one_timed_repeat_per_stage(tmp_path):
+    profile_checks.check_resnet50("torch", tmp_path, "gpipe")
+
+
 def test_a_sweep_traces_each_split_size_to_a_file_of_its_own(tmp_path):
     args = argparse.Namespace(workload="resnet50", profile=str(tmp_path / "p"))
     traces = profiling.resnet50_traces("torch", args, "pipeline", (1, 2), sweep=True)
