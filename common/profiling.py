@@ -59,7 +59,8 @@ def tracer(
 ) -> Callable[[], AbstractContextManager] | None:
     """The Timer's `trace` for --profile (None without it): the framework's profiler, writing
     this part's trace into the --profile folder."""
-    return tracer_at(framework, getattr(args, "profile", None), args.workload, part, rank)
+    directory = getattr(args, "profile", None)
+    return tracer_at(framework, directory, args.workload, part, rank) if directory else None
 
 
 def tracer_at(framework: str, directory: str | None, workload: str, part: str, rank: int = 0):
