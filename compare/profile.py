@@ -51,11 +51,10 @@ def events(raw: list[dict]) -> list[Event]:
     and thread; instants, counters and async events (no duration on a thread) are left out."""
     processes, threads = {}, {}
     for e in raw:
-        if e.get("ph") == "M" and e.get("name") in ("process_name", "thread_name"):
-            names = processes if e["name"] == "process_name" else threads
-            names[e.get("pid") if e["name"] == "process_name" else (e.get("pid"), e.get("tid"))] = (
-                str(e.get("args", {}).get("name", ""))
-            )
+        if e.get("ph") == "M" and e.get("name") == "process_name":
+            processes[e.get("pid")] = str(e.get("args", {}).get("name", ""))
+        elif e.get("ph") == "M" and e.get("name") == "thread_name":
+            threads[(e.get("pid"), e.get("tid"))] = str(e.get("args", {}).get("name", ""))
     out, open_ = [], defaultdict(list)
 
     def event(e, start, end):
@@ -65,15 +64,15 @@ def events(raw: list[dict]) -> list[Event]:
         return Event(process, thread, str(e.get("name", "")), start, end, str(e.get("cat", "")))
 
     for e in raw:
-        phase = e.get("ph")
+        phase, stack = e.get("ph"), open_[(e.get("pid"), e.get("tid"))]
         if e.get("cat") == "Trace":  # torch.profiler's envelope around the whole trace
             continue
         if phase == "X" and "dur" in e:
             out.append(event(e, float(e["ts"]), float(e["ts"]) + float(e["dur"])))
         elif phase == "B":
-            open_[(e.get("pid"), e.get("tid"))].append(e)
-        elif phase == "E" and open_[(e.get("pid"), e.get("tid"))]:
-            begin = open_[(e.get("pid"), e.get("tid"))].pop()
+            stack.append(e)
+        elif phase == "E" and stack:
+            begin = stack.pop()
             out.append(event(begin, float(begin["ts"]), float(e["ts"])))
     return out
 
@@ -112,19 +111,23 @@ def summary(path: Path, top: int = 5) -> str:
         return f"{path.name}: no timed events"
     span = max(e.end for e in evs) - min(e.start for e in evs)
     lines = [f"{path.name}: {len(evs)} events over {span / 1e3:.1f} ms"]
-    by_process = defaultdict(list)
-    for e in evs:
-        by_process[e.process].append(e)
-    for process, pevs in sorted(by_process.items(), key=lambda kv: -busy(kv[1]))[:top]:
-        lines.append(f"  {process}: busy {_share(busy(pevs), span)}")
-        by_thread = defaultdict(list)
-        for e in pevs:
-            by_thread[e.thread].append(e)
-        for thread, tevs in sorted(by_thread.items(), key=lambda kv: -busy(kv[1]))[:top]:
-            lines.append(f"    {thread}: busy {_share(busy(tevs), span)}, {len(tevs)} events")
+    for process, pevs, pbusy in _busiest(evs, lambda e: e.process, top):
+        lines.append(f"  {process}: busy {_share(pbusy, span)}")
+        for thread, tevs, tbusy in _busiest(pevs, lambda e: e.thread, top):
+            lines.append(f"    {thread}: busy {_share(tbusy, span)}, {len(tevs)} events")
             ranked = sorted(self_times(tevs).items(), key=lambda kv: -kv[1][0])[:top]
             lines += [f"      {t / 1e3:9.2f} ms {n:7d}x  {_short(k)}" for k, (t, n) in ranked]
     return "\n".join(lines)
+
+
+def _busiest(evs: list[Event], key, top: int) -> list[tuple[str, list[Event], float]]:
+    """The `top` groups of `evs` by `key` (a process, a thread), busiest first, with their
+    events and busy time (computed once per group)."""
+    groups = defaultdict(list)
+    for e in evs:
+        groups[key(e)].append(e)
+    ranked = sorted(((k, g, busy(g)) for k, g in groups.items()), key=lambda kgb: -kgb[2])
+    return ranked[:top]
 
 
 def _share(part: float, span: float) -> str:
