@@ -1,6 +1,6 @@
 """Several processes that must meet: their settings from the environment, the coordinator's
-address and port, and a bounded wait (docs/design.md, "Devices"); and a file descriptor sent
-elsewhere for a while, for what C libraries write.
+address and port, and a bounded wait (docs/design.md, "Devices"); a file descriptor sent
+elsewhere for a while, for what C libraries write; and a quiet end when stdout's reader stops.
 
 A framework's own wait for its peers can end in a C++ abort or a silent hang; the run instead
 checks what it can before the wait and gives the wait a deadline of its own that ends the
@@ -13,7 +13,7 @@ import os
 import socket
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from common import config
@@ -89,3 +89,15 @@ def fd_redirected(fd: int, target: int) -> Iterator[None]:
     finally:
         os.dup2(saved, fd)
         os.close(saved)
+
+
+def quiet_when_reader_stops(main: Callable[[], int]) -> int:
+    """main()'s exit code; but where stdout's reader stops early (`| head`), exit 1 without
+    Python's BrokenPipeError traceback, as its docs advise (signal module, "Note on SIGPIPE")."""
+    try:
+        code = main()
+        sys.stdout.flush()  # here, where the error can be caught, not at exit
+        return code
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush
+        return 1

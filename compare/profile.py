@@ -21,6 +21,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from common import processes
+
 SUFFIXES = (".json", ".json.gz")
 EXIT_BAD_INPUT = 2
 
@@ -163,4 +165,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(processes.quiet_when_reader_stops(main))

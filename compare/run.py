@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from common import config, devices
+from common import config, devices, processes
 from common.results import ResultsError, check_writable
 from compare.plan import ALL, Plan, PlanError, Step, make_plan, select
 from compare.stream import stream
@@ -240,4 +240,4 @@ def skip_notes(plan: Plan, unset: dict[str, str]) -> list[str]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(processes.quiet_when_reader_stops(main))

@@ -4,6 +4,8 @@ counters; JAX: gzipped)."""
 
 import gzip
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -103,3 +105,17 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, files, message):
     assert profile.main([str(folder)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+
+
+def test_a_reader_that_stops_early_gets_no_traceback(tmp_path):
+    """`python -m compare.profile DIR | head`: the pipe closes mid-print; exit 1, stderr empty."""
+    events = [
+        {"ph": "X", "name": f"op_{i}", "pid": 1, "tid": 7, "ts": i, "dur": 1} for i in range(4000)
+    ]
+    (tmp_path / "torch-lenet-epoch.json").write_text(json.dumps(events))
+    command = [sys.executable, "-m", "compare.profile", str(tmp_path), "--top", "4000"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.readline().startswith(b"torch-lenet-epoch.json: 4000 events")
+    proc.stdout.close()  # more than a pipe's buffer is still to come
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 1 and err == "", err
