@@ -265,6 +265,10 @@ def run(
         check_nodes(framework, args)
         profiling.check(framework, args, plan.count)
         results.check_writable(args.results)  # before hours of training, not after
+        if args.workload in ("lenet", "resnet18"):
+            # Here, once, before the framework's import and before torchrun's or MXNet's
+            # workers start: each would fail on its own, under its launcher's traceback.
+            data.locate()
         if before_import is not None:
             before_import(plan)
         try:

@@ -186,14 +186,21 @@ def download(dest: Path, base_url: str = URL, timeout: float = 60.0) -> None:
                 os.unlink(tmp)
 
 
-def load(allow_download: bool = True) -> FashionMNIST:
-    """The whole dataset as uint8 arrays, every file verified."""
+def locate(allow_download: bool = True) -> Path:
+    """The folder that holds the four files: found, else (`allow_download`) downloaded into the
+    user cache; a DatasetError, one line, if neither."""
     folder = find_dir()
     if folder is None:
         if not allow_download:
             raise DatasetError(f"Fashion-MNIST not found in {_where()}; {HOW_TO_GET}")
         folder = cache_dir()
         download(folder)
+    return folder
+
+
+def load(allow_download: bool = True) -> FashionMNIST:
+    """The whole dataset as uint8 arrays, every file verified."""
+    folder = locate(allow_download)
     arrays = {}
     for key, spec in FILES.items():
         path = folder / spec.name

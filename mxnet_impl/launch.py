@@ -120,7 +120,7 @@ def _environment(workers: int, servers: int, port: int) -> dict:
 
 def _start(role: str, cmd: list[str], env: dict) -> _Proc:
     """One process in a session of its own (killed as a group; Ctrl-C reaches the launcher
-    only). A worker's stderr is passed through and its last line kept, to end on."""
+    only). A worker's stderr is passed through (_tee) and its last line kept, to end on."""
     worker = role.startswith("worker")
     popen = subprocess.Popen(
         cmd,
@@ -138,24 +138,33 @@ def _start(role: str, cmd: list[str], env: dict) -> _Proc:
 
 
 def _tee(stream, last: list) -> None:
+    """A worker's stderr, passed through but for its error line: the launcher ends on that,
+    once (_fail), where each worker would say it again."""
     for line in stream:
-        sys.stderr.write(line)
-        sys.stderr.flush()
+        if not line.startswith("error:"):
+            sys.stderr.write(line)
+            sys.stderr.flush()
         if line.strip():
             last[0] = line.strip()
 
 
 def _watch(procs: list[_Proc], what: str) -> None:
-    """Until every worker has finished: any process that fails stops the run. The scheduler and
-    servers end (code 0) as the workers finalise; from then on everyone gets EXIT_WAIT_S."""
+    """Until every process has ended: any that fails stops the run, a worker's failure named
+    first (the others' follow from it). The scheduler and servers end (code 0) as the workers
+    finalise; from then on everyone gets EXIT_WAIT_S."""
     ending = None
-    while any(p.popen.poll() is None for p in procs):
-        for p in procs:
+    by_worker_first = sorted(procs, key=lambda p: not p.role.startswith("worker"))
+    while True:
+        # Which ran before the codes are read: all of them may end between two polls, failed.
+        running = any(p.popen.poll() is None for p in procs)
+        for p in by_worker_first:
             rc = p.popen.poll()
             if rc:
                 _fail(p, rc, what)
             if rc == 0 and ending is None:
                 ending = time.monotonic()
+        if not running:
+            return
         if ending is not None and time.monotonic() - ending > EXIT_WAIT_S:
             late = ", ".join(p.role for p in procs if p.popen.poll() is None)
             raise SystemExit(

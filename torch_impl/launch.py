@@ -123,10 +123,13 @@ def torchrun(module: str, argv: list[str], nproc: int, what: str, nodes: Nodes |
         rc = _run(cmd, env, nodes)
         if rc == 0:
             return
-        # A worker's own error is the line to end on, not torchrun's summary of it.
+        # A worker's own error is the line to end on, with its code (the first, where several
+        # workers failed), not torchrun's summary of it.
         said = Path(env[ERROR_FILE_ENV])
         if said.is_file():
-            raise SystemExit(said.read_text().strip())
+            code, line = said.read_text().splitlines()[0].split(" ", 1)
+            print(line, file=sys.stderr)
+            raise SystemExit(int(code))
         met = nodes is None or Path(env[READY_FILE_ENV]).exists()
     raise SystemExit(_failure(what, rc, nodes, met))
 
@@ -208,19 +211,21 @@ def signal_ready() -> None:
 
 
 def worker_main(entry, argv: list[str]) -> None:
-    """Run a worker's `entry(argv)`: a user error is one line (and is left for the launcher to
-    end on), Ctrl-C ends quietly; the exit code tells torchrun."""
+    """Run a worker's `entry(argv)`: a user error is one line with its exit code, left for the
+    launcher to end on (said here without one), Ctrl-C ends quietly; the exit code tells
+    torchrun."""
     if os.environ.get(PIDS_FILE_ENV):  # for the launcher to stop it, should torchrun not
         with open(os.environ[PIDS_FILE_ENV], "a") as f:
             f.write(f"{os.getpid()}\n")
     try:
         entry(argv)
     except cli.USER_ERRORS as e:
-        line = f"error: {e}"
-        print(line, file=sys.stderr)
-        if os.environ.get(ERROR_FILE_ENV):
+        line, code = f"error: {e}", cli.EXIT_DIVERGED if isinstance(e, cli.training.Diverged) else 2
+        if os.environ.get(ERROR_FILE_ENV):  # the launcher says it, once for all its workers
             with open(os.environ[ERROR_FILE_ENV], "a") as f:
-                f.write(line + "\n")
-        sys.exit(cli.EXIT_DIVERGED if isinstance(e, cli.training.Diverged) else 2)
+                f.write(f"{code} {line}\n")
+        else:
+            print(line, file=sys.stderr)
+        sys.exit(code)
     except KeyboardInterrupt:
         sys.exit(cli.EXIT_INTERRUPTED)

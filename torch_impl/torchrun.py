@@ -1,13 +1,16 @@
 """torchrun (`python -m torch.distributed.run`) as the launcher (launch.py) starts it: the same
-program, quiet when it is stopped. torchrun turns a stop signal into a SignalException: it
-stops its workers with that signal, then the exception ends it with a traceback on top of the
-run's own last line. Here it ends with exit 128 + the signal's number, torch's log lines only.
+program, quiet when it stops. torchrun turns a stop signal into a SignalException (it stops its
+workers with that signal, then the exception ends it with a traceback), and a failed worker into
+a ChildFailedError (a traceback and a box under the worker's own output). Here a stop ends with
+exit 128 + the signal's number, and a failed worker with one line saying which and how; the
+worker has printed why, and the launcher ends on its line.
 """
 
 import sys
 
 from torch.distributed import run
 from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 
 def main() -> int:
@@ -15,6 +18,13 @@ def main() -> int:
         run.main()  # its arguments: sys.argv[1:]
     except SignalException as e:
         return 128 + int(e.sigval)
+    except ChildFailedError as e:
+        rank, failure = e.get_first_failure()
+        how = f"exit code {failure.exitcode}"
+        if failure.exitcode < 0:  # killed: nothing of its own said why
+            how = f"signal {failure.signal_name()}"
+        print(f"torchrun: worker rank {rank} ended with {how}", file=sys.stderr)
+        return 1
     return 0
 
 
