@@ -1,6 +1,7 @@
 """Several processes that must meet: their settings from the environment, the coordinator's
 address and port, and a bounded wait (docs/design.md, "Devices"); a file descriptor sent
-elsewhere for a while, for what C libraries write; and a quiet end when stdout's reader stops.
+elsewhere for a while, for what C libraries write; a quiet end when stdout's reader stops; and
+a process stopped with everything it started.
 
 A framework's own wait for its peers can end in a C++ abort or a silent hang; the run instead
 checks what it can before the wait and gives the wait a deadline of its own that ends the
@@ -9,12 +10,16 @@ process with one line.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
+import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from common import config
 
@@ -101,3 +106,42 @@ def quiet_when_reader_stops(main: Callable[[], int]) -> int:
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush
         return 1
+
+
+STOP_WAIT_S = 60  # a run stops its workers within 45 s of a Ctrl-C (torch_impl/launch.py)
+
+
+def stop(proc: subprocess.Popen, wait: float | None = None) -> None:
+    """End `proc` as a Ctrl-C would: a run then stops the workers it started, which torchrun
+    and MXNet's launcher put in sessions of their own, out of reach of a kill of `proc`. Where
+    it has not ended within `wait` s (SIGINT ignored, or stuck), SIGKILL it and every process
+    it started, found by their parents before any of them is killed. `wait`: STOP_WAIT_S."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(STOP_WAIT_S if wait is None else wait)
+        return
+    except subprocess.TimeoutExpired:
+        pass
+    for pid in [proc.pid, *descendants(proc.pid)]:
+        with contextlib.suppress(ProcessLookupError):  # ended meanwhile
+            os.kill(pid, signal.SIGKILL)
+    proc.wait()
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes `pid` started, and theirs, from /proc (Linux), whatever their sessions."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:  # `pid (comm) state ppid ...`; comm may hold spaces and parentheses
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import shutil
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -166,7 +167,11 @@ def parser() -> argparse.ArgumentParser:
         "into --steps from another machine)",
     )  # fmt: skip
     p.add_argument("--html", action="store_true", help="also write report.html")
-    p.add_argument("--timeout", type=float, default=None, help="seconds per run (default: none)")
+    p.add_argument(
+        "--timeout", type=float, default=None,
+        help="seconds per run (default: none); a run past it is stopped as by a Ctrl-C, its "
+        "workers with it (killed, if it has not ended a minute later), and the next one starts",
+    )  # fmt: skip
     p.add_argument("--venv", default=str(ROOT / ".venv"), help="where the framework venvs are")
     p.add_argument(
         "--python", default=None,
@@ -214,11 +219,16 @@ def main(argv: list[str] | None = None, runner=stream, echo=print) -> int:
     if note:
         echo(note)
     start = time.perf_counter()
+    # A SIGTERM (a shell's `timeout` around this command) ends it as a Ctrl-C does: the run
+    # under way is stopped with its workers (compare/stream.py), not left running on its own.
+    before = signal.signal(signal.SIGTERM, _interrupt)
     try:
         outcomes = execute(plan, results, Path(args.venv), echo, runner, args.timeout, args.python)
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, before)
     summary(outcomes, plan, echo)
     echo(f"total {time.perf_counter() - start:.1f} s; writing the report")
     notes = [f"{fw} was not set up on this machine: {why}" for fw, why in unset.items()]
@@ -227,6 +237,10 @@ def main(argv: list[str] | None = None, runner=stream, echo=print) -> int:
         [results], args.out, args.html, plan.preset, plan.platform, echo=echo, notes=notes
     )
     return 0 if code == 0 and all(o.ok for o in outcomes) else 1
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def skip_notes(plan: Plan, unset: dict[str, str]) -> list[str]:

@@ -9,6 +9,8 @@ import subprocess
 import threading
 from pathlib import Path
 
+from common import processes
+
 ROOT = Path(__file__).resolve().parents[1]
 TAIL_LINES = 15
 
@@ -16,9 +18,11 @@ TAIL_LINES = 15
 def stream(cmd: list[str], echo, timeout: float | None = None) -> tuple[int, list[str], str]:
     """Run `cmd`, echoing its output line by line as it comes; (exit code, stderr tail, note)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # A session of its own: a terminal's Ctrl-C reaches this process only, which then stops the
+    # run once (processes.stop), as on a timeout, and waits for it to stop its workers.
     proc = subprocess.Popen(
         cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        errors="replace", bufsize=1,
+        errors="replace", bufsize=1, start_new_session=True,
     )  # fmt: skip
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     lock = threading.Lock()
@@ -42,12 +46,10 @@ def stream(cmd: list[str], echo, timeout: float | None = None) -> tuple[int, lis
     try:
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+        processes.stop(proc)  # proc.kill() would leave torchrun's and ps-lite's workers running
         note = f"timed out after {timeout:g} s"
     except BaseException:
-        proc.kill()
-        proc.wait()
+        processes.stop(proc)
         raise
     for t in threads:
         t.join(timeout=5)

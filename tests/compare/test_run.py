@@ -3,11 +3,14 @@ others, --dry-run; fake runners and fake framework environments, no framework ne
 
 import os
 import re
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from common import processes
 from compare import run, stream
 from compare.run import Step
 
@@ -410,7 +413,8 @@ def test_unwritable_outputs_are_refused_before_any_run(tmp_path, capsys, results
     assert err.startswith(message.replace("{tmp}", str(tmp_path))) and err.count("\n") == 1
 
 
-def test_stream_keeps_the_stderr_tail_and_times_out():
+def test_stream_keeps_the_stderr_tail_and_times_out(monkeypatch):
+    monkeypatch.setattr(processes, "STOP_WAIT_S", 1)  # where the suite runs with SIGINT ignored
     lines = []
     code, tail, note = stream.stream(
         [sys.executable, "-c", "import sys\nfor i in range(30): print(i, file=sys.stderr)\n"
@@ -425,3 +429,85 @@ def test_stream_keeps_the_stderr_tail_and_times_out():
 
 
 assert os.sep == "/"  # the fake environments are POSIX shell scripts
+
+
+STOPPABLE = """
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as at a terminal, whatever the suite's
+try:
+    time.sleep(60)
+except KeyboardInterrupt:
+    print("stopped: no record written", file=sys.stderr)
+    sys.exit(130)
+"""
+# A launcher that ignores Ctrl-C and whose worker has a session of its own, as torchrun's have.
+STUBBORN = """
+import signal, subprocess, sys, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                          start_new_session=True)
+print(worker.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_run_past_its_time_is_stopped_as_a_ctrl_c_stops_it():
+    code, tail, note = stream.stream([sys.executable, "-c", STOPPABLE], print, 1)
+    assert (code, tail, note) == (130, ["stopped: no record written"], "timed out after 1 s")
+
+
+def test_a_run_past_its_time_leaves_no_process_of_its_own(monkeypatch):
+    """Where the run does not stop, it and what it started are killed: proc.kill() alone left
+    a worker of its own session running (torchrun's and MXNet's launcher's workers)."""
+    monkeypatch.setattr(processes, "STOP_WAIT_S", 1)
+    lines = []
+    code, _, note = stream.stream([sys.executable, "-c", STUBBORN], lines.append, 1)
+    assert code == -9 and note == "timed out after 1 s"
+    (worker,) = [int(line.split("|")[1]) for line in lines]
+    _assert_ended([worker])
+
+
+LAUNCHER = """#!{python}
+import os, signal, subprocess, sys, time
+worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                          start_new_session=True)  # as torchrun's workers
+print("pids", os.getpid(), worker.pid, flush=True)
+signal.signal(signal.SIGINT, signal.default_int_handler)
+try:
+    time.sleep(60)
+except KeyboardInterrupt:  # a launcher stops its workers on a Ctrl-C
+    worker.kill()
+    sys.exit(130)
+"""
+
+
+def test_a_sigterm_stops_the_run_under_way_and_its_workers(tmp_path):
+    """`timeout 500 python -m compare.run ...` (CONTRIBUTING's GPU calls) ends compare.run with
+    a SIGTERM: it stops its run as a Ctrl-C does, where it used to die and leave the run (in a
+    session of its own) and its workers running."""
+    python = tmp_path / "python"
+    python.write_text(LAUNCHER.replace("{python}", sys.executable))
+    python.chmod(0o755)
+    argv = ["--frameworks", "torch", "--workloads", "lenet", "--platform", "cpu", "--preset"]
+    argv += ["smoke", "--results", str(tmp_path / "r.jsonl"), "--out", str(tmp_path / "out")]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "compare.run", *argv, "--python", str(python)], cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    pids = next([int(p) for p in line.split()[-2:]] for line in proc.stdout if "| pids" in line)
+    proc.terminate()
+    _, err = proc.communicate(timeout=90)
+    assert proc.returncode == 130 and err.strip() == "interrupted", err
+    _assert_ended(pids)
+
+
+def _assert_ended(pids):
+    """Each of `pids` has ended: gone, or a zombie where its new parent does not reap."""
+    time.sleep(0.5)  # for the reaper, where there is one
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            continue
+        assert state == "Z", f"process {pid} still runs (state {state})"
