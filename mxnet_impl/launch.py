@@ -155,7 +155,8 @@ def _watch(procs: list[_Proc], what: str) -> None:
     ending = None
     by_worker_first = sorted(procs, key=lambda p: not p.role.startswith("worker"))
     while True:
-        # Which ran before the codes are read: all of them may end between two polls, failed.
+        # Read before the codes: every process may end between two looks, some failed, and
+        # their codes are still read below before this returns.
         running = any(p.popen.poll() is None for p in procs)
         for p in by_worker_first:
             rc = p.popen.poll()

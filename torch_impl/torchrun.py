@@ -2,8 +2,9 @@
 program, quiet when it stops. torchrun turns a stop signal into a SignalException (it stops its
 workers with that signal, then the exception ends it with a traceback), and a failed worker into
 a ChildFailedError (a traceback and a box under the worker's own output). Here a stop ends with
-exit 128 + the signal's number, and a failed worker with one line saying which and how; the
-worker has printed why, and the launcher ends on its line.
+exit 128 + the signal's number, and a failed worker with one line saying which and how; a
+worker that failed on bad input left its line for the launcher (launch.worker_main), which ends
+on it.
 """
 
 import sys
