@@ -391,7 +391,7 @@ def ddp_worker(argv):
         device = torch.device(f"cuda:{os.environ['LOCAL_RANK']}") if gpu else torch.device("cpu")
         _run(args, plan, cli.config_of(args), "ddp", [device])
     finally:
-        dist.destroy_process_group()
+        launch.end_process_group()
 
 
 if __name__ == "__main__":  # the DDP worker entry, started by torchrun (see the docstring)

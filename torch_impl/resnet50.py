@@ -319,7 +319,7 @@ def pipelining_worker(spec):
         out = {"times": timer.times, "warmup_times": timer.warmup_times, "extra": extra}
         out["losses"] = [loss.item() for loss in losses]
         Path(spec["out"]).write_text(json.dumps(out))
-    dist.destroy_process_group()
+    launch.end_process_group()
 
 
 def _stage_and_schedule(spec, cfg, rank, world, device):
