@@ -21,6 +21,7 @@ from compare.tables import DASH, STAR, Table
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = (  # relative to ROOT
+    "results/gpu-h200.jsonl",
     "results/gpu-h100.jsonl",
     "results/cpu-2core.jsonl",
     "results/cpu-avx2-2core.jsonl",

@@ -37,8 +37,8 @@ def build(cfg, device, amp, fused=False, compiled=True):
 
 
 def build_loss_in_graph(cfg, device, amp, compiled=True):
-    """The step with the loss compiled into the model's graph (its backward too), the model
-    itself not compiled apart."""
+    """(net, step): the step with the loss compiled into the model's graph (its backward too),
+    the model itself not compiled apart."""
     net = resnet18.init_weights(resnet18.resnet18(), cfg.init_std, cfg.seed).to(device)
     net = tdev.gpu_layout(net, device)
     opt = torch.optim.SGD(net.parameters(), lr=cfg.lr)
@@ -57,13 +57,12 @@ def build_loss_in_graph(cfg, device, amp, compiled=True):
         opt.step()
         return value.detach()
 
-    return step
+    return net, step
 
 
-def inputs(cfg, device, steps):
-    """The fixed batch, the training and test sets on the device, `steps` batch index tensors
-    as the loop draws them, and the epoch's last, partial batch's indices."""
-    fm = data.load()
+def inputs(cfg, device, steps, fm):
+    """The training and test sets (of `fm`, Fashion-MNIST) on the device, `steps` batch index
+    tensors as the loop draws them, and the epoch's last, partial batch's indices."""
     x_train = torch.from_numpy(data.to_float(fm.train_images)).to(device)
     y_train = torch.from_numpy(fm.train_labels.astype(np.int64)).to(device)
     test = (torch.from_numpy(data.to_float(fm.test_images[:1024])).to(device),
@@ -73,16 +72,16 @@ def inputs(cfg, device, steps):
     return x_train, y_train, test, sels, torch.arange(PARTIAL, device=device)
 
 
-def variants(args, cfg, device, sampler):
+def variants(args, cfg, device, sampler, fm):
     """({name: (untimed preparation, timed run of n steps)}, warm-up calls, the steps to warm,
     the two batch shapes); the first variant is the ceiling's step itself."""
     amp, compiled = args.amp == "bf16", not args.eager
     net, step, calls = build(cfg, device, amp, compiled=compiled)
-    x_train, y_train, (x_test, y_test), sels, part = inputs(cfg, device, args.steps)
+    x_train, y_train, (x_test, y_test), sels, part = inputs(cfg, device, args.steps, fm)
     x, y = x_train[sels[0]], y_train[sels[0]]
     _, other, _ = build(cfg, device, amp, compiled=compiled)  # a --ceiling run's 2nd model
     _, fused, _ = build(cfg, device, amp, fused=device.type == "cuda", compiled=compiled)
-    in_graph = build_loss_in_graph(cfg, device, amp, compiled)
+    _, in_graph = build_loss_in_graph(cfg, device, amp, compiled)
 
     def plain(n, step=step):
         for _ in range(n):
@@ -162,16 +161,25 @@ def parse(argv):
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--eager", action="store_true", help="no torch.compile (a quick check)")
     p.add_argument("--results", help="append the table as one JSON line to this file")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if min(args.batch, args.steps, args.rounds) < 1:
+        p.error("--batch, --steps and --rounds must be at least 1")
+    try:
+        if args.results:
+            results.check_writable(args.results)  # before minutes of compiling, not after
+        fm = data.load()
+    except (results.ResultsError, data.DatasetError) as e:
+        p.error(str(e))
+    return args, fm
 
 
 def main(argv=None):
-    args = parse(argv)
+    args, fm = parse(argv)
     cfg = config.get_config("resnet18", "full", batch_size=args.batch)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     sampler = utilization.sampler_for("gpu" if device.type == "cuda" else "cpu", 1)
     with sampler:
-        runs, calls, steps, shapes = variants(args, cfg, device, sampler)
+        runs, calls, steps, shapes = variants(args, cfg, device, sampler, fm)
         t0 = time.perf_counter()
         warm(steps, shapes, calls)
         tdev.sync([device])

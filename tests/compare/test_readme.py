@@ -19,10 +19,15 @@ def test_readme_tables_match_the_committed_records():
     )
 
 
-def test_fragment_shows_both_machines_with_numbers_from_the_records():
+def test_fragment_shows_each_machine_with_numbers_from_the_records():
     text = readme.fragment()
-    gpu, cpu = text.split("**2 virtual devices on 2 CPU cores (AMD EPYC), preset cpu**")
-    assert gpu.startswith("**1 x NVIDIA H100 80GB HBM3, preset full** (`results/gpu-h100.jsonl`;")
+    gpus, cpu = text.split("**2 virtual devices on 2 CPU cores (AMD EPYC), preset cpu**")
+    h200, gpu = gpus.split("**1 x NVIDIA H100 80GB HBM3, preset full** (`results/gpu-h100.jsonl`;")
+    assert h200.startswith("**1 x NVIDIA H200, preset full** (`results/gpu-h200.jsonl`;")
+    assert "jax 0.11.2; commit e4ed7671585a)" in h200  # one commit: "commit", not "commits"
+    assert "| torch ddp+compiled | 0.923 | 1.41 ± 0.00 s (n=10) | 99% |" in h200
+    lenet = "| jax scratch | 0.836 | 0.289 ± 0.050 s (n=10) | 0.0740 ± 0.0038 s* (n=10) | 3.90x |"
+    assert lenet in h200
     # the records name their commits in full ($RESULTS_GIT_COMMIT); the line shows 12 characters
     assert "torch 2.11.0+cu130 (CUDA 13.0), jax 0.11.2; commits c84edd97b8c3, dccad87ee864)" in gpu
     assert "| torch scratch | 0.827 | 0.524 ± 0.032 s (n=10) |" in gpu
