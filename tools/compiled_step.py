@@ -193,7 +193,8 @@ def main(argv=None):
         line = {"probe": "tools.compiled_step", "amp": args.amp, "batch": args.batch,
                 "steps": args.steps, "compiled": not args.eager, "rows": rows,
                 "device": tdev.device_names([device])[0], "versions": versions,
-                "hardware": hardware, "git_commit": results.git_commit()}  # fmt: skip
+                "hardware": hardware, "git_commit": results.git_commit(),
+                "timestamp": results.utc_now()}  # fmt: skip
         results.append_line(line, args.results)
     return 0
 
