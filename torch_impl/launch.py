@@ -206,10 +206,9 @@ def _kill_workers(pids_file: Path) -> None:
 
 def end_process_group() -> None:
     """destroy_process_group, called from a worker's `finally`: first every rank waits for the
-    others, where its run ended well or diverged (every rank's training stops then). A gloo
-    rank that tore its group down while another was still at work (rank 0 writing the record)
-    aborted now and then: SIGABRT, "terminate called without an active exception", 6 of 74 two-
-    rank runs here, none of 60 with the barrier. After another error the others may never come."""
+    others, where its run ended well or diverged (every rank's training stops then), so none
+    leaves while another still uses the group (rank 0 writing the record). After another error
+    the others may never come. The worker then ends with exit_worker: gloo's threads live on."""
     import torch.distributed as dist
 
     if sys.exc_info()[0] in (None, cli.training.Diverged):
@@ -224,12 +223,14 @@ def signal_ready() -> None:
 
 
 def worker_main(entry, argv: list[str]) -> None:
-    """Run a worker's `entry(argv)`: a user error is one line with its exit code, left for the
-    launcher to end on (said here without one), Ctrl-C ends quietly; the exit code tells
-    torchrun."""
+    """Run a worker's `entry(argv)` and end it with exit_worker: a user error is one line with
+    its exit code, left for the launcher to end on (said here without one), Ctrl-C ends
+    quietly; the exit code tells torchrun. Any other exception ends in its traceback, as a bug
+    should."""
     if os.environ.get(PIDS_FILE_ENV):  # for the launcher to stop it, should torchrun not
         with open(os.environ[PIDS_FILE_ENV], "a") as f:
             f.write(f"{os.getpid()}\n")
+    code = 0
     try:
         entry(argv)
     except cli.USER_ERRORS as e:
@@ -239,6 +240,21 @@ def worker_main(entry, argv: list[str]) -> None:
                 f.write(f"{code} {line}\n")
         else:
             print(line, file=sys.stderr)
-        sys.exit(code)
     except KeyboardInterrupt:
-        sys.exit(cli.EXIT_INTERRUPTED)
+        code = cli.EXIT_INTERRUPTED
+    exit_worker(code)
+
+
+def exit_worker(code: int) -> None:
+    """End a worker whose process group is gone, skipping the interpreter's shutdown. gloo's
+    threads outlive destroy_process_group (torch 2.11 and 2.15 keep the group), and one that
+    drops the last reference to a tensor Python made (a finished collective's) while the
+    interpreter shuts down cannot take the GIL: the thread exits inside a C++ destructor and the
+    process aborts (SIGABRT, "terminate called without an active exception"; a core dump's
+    stacks: Py_FinalizeEx in the main thread, ~AsyncAllgatherWork -> decref_pyobject ->
+    take_gil -> pthread_exit in gloo's). The worker's files are written and closed by now: the
+    streams are flushed and the process leaves at once, as a forked multiprocessing child does."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed or broken stream: nothing to say
+            stream.flush()
+    os._exit(code)

@@ -206,3 +206,52 @@ def test_workers_left_by_torchrun_are_killed_and_only_they(tmp_path):
         for p in (worker, other):
             p.kill()
             p.wait(timeout=10)
+
+
+class Exited(Exception):
+    """os._exit, caught: the code a worker would have ended with."""
+
+
+@pytest.mark.parametrize(
+    ("raised", "code", "left"),
+    [
+        (None, 0, ""),
+        (cli.config.ConfigError("bad --lr"), 2, "2 error: bad --lr\n"),
+        (cli.training.Diverged(1, float("nan")), cli.EXIT_DIVERGED, "4 error: training diverged"),
+        (KeyboardInterrupt(), cli.EXIT_INTERRUPTED, ""),
+    ],
+)
+def test_a_worker_ends_with_exit_worker_and_its_code(monkeypatch, tmp_path, raised, code, left):
+    """worker_main ends every worker, well or with a user error or Ctrl-C, through exit_worker:
+    os._exit, past the interpreter's shutdown, where gloo's threads abort a process."""
+    error_file = tmp_path / "errors"
+    monkeypatch.setenv(launch.ERROR_FILE_ENV, str(error_file))
+    monkeypatch.delenv(launch.PIDS_FILE_ENV, raising=False)
+
+    def exit_(c):
+        raise Exited(c)
+
+    def entry(argv):
+        if raised is not None:
+            raise raised
+
+    monkeypatch.setattr(launch.os, "_exit", exit_)
+    with pytest.raises(Exited) as e:
+        launch.worker_main(entry, [])
+    assert e.value.args == (code,)
+    assert left in (error_file.read_text() if error_file.exists() else "")
+
+
+def test_a_bug_in_a_worker_keeps_its_traceback(monkeypatch):
+    monkeypatch.setattr(launch.os, "_exit", lambda c: pytest.fail("a bug must not exit quietly"))
+    with pytest.raises(ZeroDivisionError):
+        launch.worker_main(lambda argv: 1 / 0, [])
+
+
+def test_exit_worker_flushes_what_the_worker_printed():
+    """Block-buffered stdout (a pipe, as under torchrun): os._exit alone would drop it."""
+    code = "from torch_impl import launch; print('record written'); launch.exit_worker(3)"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("PYTHONUNBUFFERED", None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 3 and out.stdout == "record written\n"

@@ -102,9 +102,11 @@ def _ddp_rank(rank, world, init_file, out):
         r18.train_step(net, opt, torch.from_numpy(x[part]), torch.from_numpy(y[part]))
     if rank == 0:
         np.savez(out, **r18.get_weights(getattr(net, "module", net)))
-    # As in the worker, DDP (its reducer) goes before the group, and the ranks meet first.
+    # As in the worker: DDP (its reducer) goes before the group, the ranks meet first, and the
+    # rank leaves without the interpreter's shutdown, which gloo's threads can abort.
     del net, opt
     launch.end_process_group()
+    launch.exit_worker(0)
 
 
 @pytest.mark.multi_device
@@ -136,6 +138,7 @@ def _wrapped(rank, world, init_file, out):
     if rank == 0:
         Path(out).write_text(type(wrapped).__name__ if wrapped is not net else "plain")
     launch.end_process_group()
+    launch.exit_worker(0)
 
 
 @pytest.mark.parametrize(("world", "expected"), [(1, "plain"), (2, "DistributedDataParallel")])
