@@ -16,7 +16,6 @@ import statistics
 import sys
 import time
 
-import numpy as np
 import torch
 
 from common import config, data, processes, results, utilization
@@ -26,11 +25,16 @@ from torch_impl import resnet18
 PARTIAL = 96  # the full preset's last batch: 60000 = 234 x 256 + 96
 
 
+def _net(cfg, device):
+    """The ResNet-18 as the ceiling (and the training run) builds it on `device`."""
+    net = resnet18.init_weights(resnet18.resnet18(), cfg.init_std, cfg.seed).to(device)
+    return tdev.gpu_layout(net, device)
+
+
 def build(cfg, device, amp, fused=False, compiled=True):
     """(net, step, warm-up calls per batch shape) as the ceiling builds its step; `fused`:
     torch's fused SGD kernel in place of its default (one foreach kernel per group of tensors)."""
-    net = resnet18.init_weights(resnet18.resnet18(), cfg.init_std, cfg.seed).to(device)
-    net = tdev.gpu_layout(net, device)
+    net = _net(cfg, device)
     calls = tdev.compile_model(net, device) if compiled else 1
     opt = torch.optim.SGD(net.parameters(), lr=cfg.lr, fused=fused or None)
     return net, (lambda x, y: resnet18.train_step(net, opt, x, y, amp)), calls
@@ -39,8 +43,7 @@ def build(cfg, device, amp, fused=False, compiled=True):
 def build_loss_in_graph(cfg, device, amp, compiled=True):
     """(net, step): the step with the loss compiled into the model's graph (its backward too),
     the model itself not compiled apart."""
-    net = resnet18.init_weights(resnet18.resnet18(), cfg.init_std, cfg.seed).to(device)
-    net = tdev.gpu_layout(net, device)
+    net = _net(cfg, device)
     opt = torch.optim.SGD(net.parameters(), lr=cfg.lr)
 
     def loss(x, y):
@@ -63,10 +66,8 @@ def build_loss_in_graph(cfg, device, amp, compiled=True):
 def inputs(cfg, device, steps, fm):
     """The training and test sets (of `fm`, Fashion-MNIST) on the device, `steps` batch index
     tensors as the loop draws them, and the epoch's last, partial batch's indices."""
-    x_train = torch.from_numpy(data.to_float(fm.train_images)).to(device)
-    y_train = torch.from_numpy(fm.train_labels.astype(np.int64)).to(device)
-    test = (torch.from_numpy(data.to_float(fm.test_images[:1024])).to(device),
-            torch.from_numpy(fm.test_labels[:1024].astype(np.int64)).to(device))  # fmt: skip
+    ds = (fm.train_images, fm.train_labels, fm.test_images[:1024], fm.test_labels[:1024])
+    x_train, y_train, *test = resnet18._to_device(ds, device)  # as the training loop puts them
     order = data.batches(len(fm.train_labels), cfg.batch_size, cfg.seed, 0)
     sels = [torch.from_numpy(i).to(device) for i in order[:steps]]
     return x_train, y_train, test, sels, torch.arange(PARTIAL, device=device)
