@@ -14,7 +14,6 @@ Framework-free: the command line, the checks, the timing loop and the record are
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import statistics
 import sys
@@ -182,15 +181,16 @@ class Paired:
         }
 
 
-def paired(framework: str, args, cfg, device) -> Paired | None:
-    """--ceiling: the framework's ceiling step (`<framework>_impl.ceiling.build`) on the training
-    run's device, to be timed beside its epochs; None without --ceiling."""
+def paired(hooks, args, cfg, device) -> Paired | None:
+    """--ceiling: the framework's ceiling step (`hooks.ceiling`: its `ceiling.build`) on the
+    training run's device, to be timed beside its epochs; None without --ceiling."""
     if not getattr(args, "ceiling", False):
         return None
-    module = importlib.import_module(f"{framework}_impl.ceiling")
-    step, state, sync = module.build(args, cfg, device)
+    if hooks.ceiling is None:
+        raise config.ConfigError(f"--ceiling: no ceiling step for {hooks.framework}; drop it")
+    step, state, sync = hooks.ceiling(args, cfg, device)
     warmup, steps, _ = counts(args, cfg)
-    trace = profiling.tracer(framework, args, "ceiling")  # --profile: the first timed repeat
+    trace = profiling.tracer(hooks, args, "ceiling")  # --profile: the first timed repeat
     return Paired(step, state, sync, warmup, steps, trace=trace)
 
 

@@ -9,15 +9,14 @@ one line on stderr and exit code 2.
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from common import config, data, devices, flops, processes, profiling, results, training, weights
 
 EXIT_BAD_INPUT = 2
-EXIT_NOT_IMPLEMENTED = 3
 EXIT_DIVERGED = 4
 EXIT_INTERRUPTED = 130  # the shell's code for Ctrl-C
 RDZV_TIMEOUT_S = 300  # the default wait for every node to join a run over several machines
@@ -252,52 +251,75 @@ def run(
     framework: str,
     argv: list[str] | None = None,
     before_import: Callable[[devices.DevicePlan], None] | None = None,
+    load: Callable | None = None,
 ) -> int:
-    args = parser(framework).parse_args(argv)
+    """`start`, with bad input, a diverged run and a Ctrl-C each ending in one line and its
+    exit code; 0 when the run is recorded."""
     try:
-        plan = devices.plan(args.gpus, args.platform)
-        if args.preset is None:
-            args.preset = config.default_preset(plan.platform == "gpu")
-        cfg = config_of(args)  # bad settings fail before a framework is imported
-        check_compile(framework, args, plan.count)
-        check_amp(framework, args, plan.platform)
-        check_ceiling(args, plan.count)
-        check_nodes(framework, args)
-        profiling.check(framework, args, plan.count)
-        results.check_writable(args.results)  # before hours of training, not after
-        if args.workload in ("lenet", "resnet18"):
-            # Here, once, before the framework's import and before torchrun's or MXNet's
-            # workers start: each would fail on its own, under its launcher's traceback.
-            data.locate()
-        if before_import is not None:
-            before_import(plan)
-        try:
-            module = importlib.import_module(f"{framework}_impl.{args.workload}")
-        except ModuleNotFoundError as e:
-            if e.name != f"{framework}_impl.{args.workload}":
-                raise
-            print(
-                f"error: workload {args.workload!r} is not implemented yet for {framework}",
-                file=sys.stderr,
-            )
-            return EXIT_NOT_IMPLEMENTED
-        note = devices.notice(plan)
-        if note and not os.environ.get(NOTE_SHOWN_ENV):
-            print(note, file=sys.stderr)
-        if bf16 := bf16_note(framework, args, plan.platform):
-            print(bf16, file=sys.stderr)
-        module.main(args, plan, cfg)
+        start(framework, argv, before_import, load)
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
-        return EXIT_DIVERGED if isinstance(e, training.Diverged) else EXIT_BAD_INPUT
+        return exit_code(e)
     except KeyboardInterrupt:
         print("interrupted; no record written", file=sys.stderr)
         return EXIT_INTERRUPTED
     return 0
 
 
-def make_record(framework, args, plan, cfg, device_names, framework_versions, **fields):
-    """A results record with the run's settings, environment and commit filled in."""
+def exit_code(error: Exception) -> int:
+    return EXIT_DIVERGED if isinstance(error, training.Diverged) else EXIT_BAD_INPUT
+
+
+def start(framework, argv=None, before_import=None, load=None) -> None:
+    """Parse and check everything (bad settings fail before a framework is imported), then
+    `load(workload)`, the framework's (`<framework>_impl/__main__.py`): the workload's module and
+    the framework's harness.Hooks; then the module's `main(args, plan, cfg, hooks)`."""
+    args = parser(framework).parse_args(argv)
+    plan = devices.plan(args.gpus, args.platform)
+    if args.preset is None:
+        args.preset = config.default_preset(plan.platform == "gpu")
+    cfg = config_of(args)
+    check_compile(framework, args, plan.count)
+    check_amp(framework, args, plan.platform)
+    check_ceiling(args, plan.count)
+    check_nodes(framework, args)
+    profiling.check(framework, args, plan.count)
+    results.check_writable(args.results)  # before hours of training, not after
+    if args.workload in ("lenet", "resnet18"):
+        # Here, once, before the framework's import and before torchrun's or MXNet's
+        # workers start: each would fail on its own, under its launcher's traceback.
+        data.locate()
+    if before_import is not None:
+        before_import(plan)
+    module, hooks = load(args.workload)
+    note = devices.notice(plan)
+    if note and not os.environ.get(NOTE_SHOWN_ENV):
+        print(note, file=sys.stderr)
+    if bf16 := bf16_note(framework, args, plan.platform):
+        print(bf16, file=sys.stderr)
+    module.main(args, plan, cfg, hooks)
+
+
+def worker_argv(args: argparse.Namespace, **changes) -> list[str]:
+    """The command line that reproduces `args` (with `changes`, e.g. strategy="ddp") for a
+    worker process that a launcher starts: every option the parser knows, given or default,
+    paths absolute, so a worker means what its launcher meant from any folder."""
+    values = {**vars(args), **changes}
+    argv = []
+    for action in parser("torch")._actions:
+        name, value = action.dest, values.get(action.dest)
+        if not action.option_strings or name == "help" or value is None or value is False:
+            continue
+        if name in ("results", "profile"):
+            value = str(Path(value).resolve())
+        flag = action.option_strings[-1]
+        argv += [flag] if value is True else [flag, str(value)]
+    return argv
+
+
+def make_record(framework, args, plan, cfg, device_names, framework_versions, threads, **fields):
+    """A results record with the run's settings, environment and commit filled in; `threads`:
+    those an operator computed with (the framework's `devices.threads()`)."""
     versions, hardware = results.environment(framework_versions)
     if "ceiling" in fields:  # --ceiling: measured in this run (training.EpochLog.record_fields)
         fields["extra"] = {**fields.get("extra", {}), "ceiling": fields.pop("ceiling")}
@@ -307,8 +329,7 @@ def make_record(framework, args, plan, cfg, device_names, framework_versions, **
         fields["extra"] = {**fields.get("extra", {}), "compiled": getattr(args, "compile", False)}
     if getattr(args, "profile", None):  # a traced run: save() prints it and keeps no record
         fields["extra"] = {**fields.get("extra", {}), "profile": args.profile}
-    # The threads an operator computed with (MXNet's default was half the CPUs: set_mxnet_threads).
-    threads = importlib.import_module(f"{framework}_impl.devices").threads()
+    # MXNet's default thread count was half the CPUs (set_mxnet_threads): records say theirs.
     fields["extra"] = {**fields.get("extra", {}), "threads": threads}
     gpus = [g["name"] for g in hardware["gpus"]] if plan.platform == "gpu" else []
     fields["flops"] = flops.record_fields(

@@ -223,6 +223,15 @@ def to_float(images: np.ndarray) -> np.ndarray:
     return (images.astype(np.float32) / 255.0)[:, None, :, :]
 
 
+def as_float(ds, label_dtype=np.int32, channels_last=False) -> list[np.ndarray]:
+    """(x_train, y_train, x_test, y_test) of uint8 images as float32 in [0, 1], NCHW (NHWC with
+    `channels_last`: JAX's layout), and labels of `label_dtype` (torch's loss wants int64)."""
+    x_train, y_train, x_test, y_test = ds
+    layout = (0, 2, 3, 1) if channels_last else (0, 1, 2, 3)
+    images = [to_float(x).transpose(layout) for x in (x_train, x_test)]
+    return [images[0], y_train.astype(label_dtype), images[1], y_test.astype(label_dtype)]
+
+
 def subset(images: np.ndarray, labels: np.ndarray, n: int | None, seed: int = 0):
     """The first `n` of a seeded permutation, in index order (all when `n` is None)."""
     if n is None or n >= len(labels):

@@ -14,7 +14,6 @@ MXNet's profiler writes one Chrome trace per process, so MXNet traces one run pe
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 from collections.abc import Callable
@@ -22,6 +21,8 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 from common import config, results
+
+Tracer = Callable[[], AbstractContextManager]
 
 
 def trace_path(directory: str | Path, framework: str, workload: str, part: str, rank: int = 0):
@@ -54,22 +55,20 @@ def check(framework: str, args: argparse.Namespace, n_devices: int = 1) -> None:
         )
 
 
-def tracer(
-    framework: str, args: argparse.Namespace, part: str, rank: int = 0
-) -> Callable[[], AbstractContextManager] | None:
-    """The Timer's `trace` for --profile (None without it): the framework's profiler, writing
-    this part's trace into the --profile folder."""
+def tracer(hooks, args: argparse.Namespace, part: str, rank: int = 0) -> Tracer | None:
+    """The Timer's `trace` for --profile (None without it): the framework's profiler
+    (`hooks.profiler`: its `devices.profiler`), writing this part's trace into the folder."""
     directory = getattr(args, "profile", None)
-    return tracer_at(framework, directory, args.workload, part, rank) if directory else None
+    return tracer_at(hooks, directory, args.workload, part, rank) if directory else None
 
 
-def tracer_at(framework: str, directory: str | None, workload: str, part: str, rank: int = 0):
+def tracer_at(hooks, directory: str | None, workload: str, part: str, rank: int = 0):
     """`tracer` for a process that has the --profile folder but not the command line (a worker
     of torch's pipelining engine); None when `directory` is."""
     if directory is None:
         return None
-    profiler = importlib.import_module(f"{framework}_impl.devices").profiler
-    path = trace_path(directory, framework, workload, part, rank)
+    profiler = hooks.devices.profiler
+    path = trace_path(directory, hooks.framework, workload, part, rank)
 
     def trace() -> AbstractContextManager:
         path.parent.mkdir(parents=True, exist_ok=True)  # made when the trace starts, not before
@@ -78,12 +77,11 @@ def tracer_at(framework: str, directory: str | None, workload: str, part: str, r
     return trace
 
 
-def resnet50_traces(framework: str, args: argparse.Namespace, strategy: str, split_sizes, sweep):
+def resnet50_traces(hooks, args: argparse.Namespace, strategy: str, split_sizes, sweep):
     """{split size: the Timer's `trace`} of one resnet50 run (None each without --profile):
     DIR/<framework>-resnet50-<strategy>, or -pipeline-split<s> for each of a sweep's."""
     return {
-        s: tracer(framework, args, f"{strategy}-split{s}" if sweep else strategy)
-        for s in split_sizes
+        s: tracer(hooks, args, f"{strategy}-split{s}" if sweep else strategy) for s in split_sizes
     }
 
 

@@ -2,9 +2,11 @@
 strategies a command asks for: framework-free, shared by torch_impl, jax_impl and mxnet_impl.
 """
 
+import dataclasses
 import math
+from collections.abc import Iterator
 
-from common import config, profiling, results, timing, training
+from common import cli, config, profiling, results, timing, training
 
 # ResNet-50 cut into a sequence of blocks: the stem, the 16 bottlenecks, the head.
 LAYERS = (("layer1", 64, 3, 1), ("layer2", 128, 4, 2), ("layer3", 256, 6, 2), ("layer4", 512, 3, 2))
@@ -108,6 +110,38 @@ def runs(args, cfg, strategies) -> list[tuple[str, tuple, bool]]:
     return [("pipeline", tuple(cfg.split_sizes), True)]
 
 
+def main(args, plan, cfg, hooks, strategies, measure) -> None:
+    """resnet50's `main` in every framework: the runs the command asks for (choose_strategies,
+    `runs`), all checked first, then each measured by the framework's `measure(args, cfg,
+    devices, strategy, repeats)`, which builds the strategy's model on its devices and trains it
+    through `repeats` (Repeats), returning the record's extra; a record per split size."""
+    one_gpu = plan.count == 1 and plan.platform == "gpu"
+    chosen = choose_strategies(args, plan.count, strategies, hooks.framework, one_gpu)
+    devs = hooks.devices.get_devices(plan)
+    for strategy, split_sizes, sweep in runs(args, cfg, chosen):
+        used = stage_devices(devs, strategy)
+        traces = profiling.resnet50_traces(hooks, args, strategy, split_sizes, sweep)
+        repeats = Repeats(cfg, split_sizes, traces)
+        extra = measure(args, cfg, used, strategy, repeats)
+        shared = len(used) > plan.count  # one GPU: both stages on it
+        recorded = dataclasses.replace(plan, count=min(len(used), plan.count))
+        names, versions = hooks.devices.device_names(used), hooks.devices.versions()
+        for split_size, (timer, losses) in repeats.results().items():
+            fields = record_fields(cfg, timer, losses, split_size, extra, sweep, shared)
+            rec = cli.make_record(
+                hooks.framework,
+                args,
+                recorded,
+                cfg,
+                names,
+                versions,
+                hooks.threads(),
+                strategy=strategy,
+                **fields,
+            )
+            save(rec, args.results, cfg, plan)
+
+
 def round_robin(split_sizes, warmup: int, repeats: int) -> list:
     """The split size of each repeat of a run: every split size's `warmup` repeats first,
     then `repeats` rounds that take each split size once. The speed of a shared machine drifts
@@ -169,3 +203,37 @@ def save(rec: results.Record, path, cfg, plan) -> None:
 
 def _stats(rec) -> timing.Stats:
     return timing.Stats(**rec.seconds)
+
+
+class Repeats:
+    """resnet50's measuring, which its `train` iterates: `(split size, batches)` for every split
+    size's `cfg.warmup` untimed repeats, then `cfg.repeats` rounds that take the split sizes in
+    turn (round_robin); iterating `batches` (num_batches steps) is the repeat,
+    timed whole with `sync` (the framework's barrier) at its end. --profile: `traces`, one per
+    split size, around its first timed repeat. `add` keeps a step's loss (read afterwards)."""
+
+    def __init__(self, cfg, split_sizes=(None,), traces=None, sync=None):
+        self.cfg, self.split_sizes = cfg, tuple(split_sizes)
+        self.sync = sync or (lambda: None)
+        self.timers = {
+            s: timing.Timer(lambda: self.sync(), cfg.warmup, trace=(traces or {}).get(s))
+            for s in self.split_sizes
+        }
+        self.losses = {s: [] for s in self.split_sizes}
+        self._current = self.split_sizes[0]
+
+    def __iter__(self) -> Iterator[tuple[int | None, Iterator[int]]]:
+        for split_size in round_robin(self.split_sizes, self.cfg.warmup, self.cfg.repeats):
+            self._current = split_size
+            yield split_size, self._timed(split_size)
+
+    def _timed(self, split_size) -> Iterator[int]:
+        with self.timers[split_size].region():
+            yield from range(self.cfg.num_batches)
+
+    def add(self, loss) -> None:
+        self.losses[self._current].append(loss)
+
+    def results(self) -> dict:
+        """{split size: (its Timer, its losses as floats)}, read after every clock stopped."""
+        return {s: (self.timers[s], [float(x) for x in self.losses[s]]) for s in self.split_sizes}

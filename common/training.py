@@ -1,6 +1,25 @@
 """What every epoch-based training loop (lenet, resnet18) does the same way in every framework:
 the strategy check, the epoch's bookkeeping and d2l's line per epoch, and the run's summary for
 its record. Framework-free, so the framework files keep only what differs between frameworks.
+
+A strategy (resnet18's data-parallel ones, in every framework) is one function
+`strategy(net, optimizer, devices)` holding the whole of its parallelism, which returns five
+functions that its workload's `train` uses without knowing which strategy it runs:
+
+    place(arrays)        host arrays (x_train, y_train, x_test, y_test) -> where the steps read
+                         them: this process's devices
+    shard(batches)       the epoch's global batches (index arrays) -> this process's part of
+                         each, on its devices, as `step` takes it
+    step(x, y, part)     one SGD step of the whole model on this process's part; this
+                         process's summed loss, not synced (JAX: step(state, x, y, part) ->
+                         (state, loss), as JAX passes state in and out)
+    correct(x, y, idx)   correct predictions on this process's share of the test batch `idx`
+                         (a global index array), not synced (JAX: correct(state, x, y, idx))
+    total(losses, hits)  the epoch's summed loss and correct predictions over every process,
+                         as two floats
+
+`optimizer` is the framework's SGD (torch's binds the parameters; optax's and MXNet's are the
+update rule alone) and `devices` those the strategy spreads over.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 import os
 import sys
 
-from common import cli, devices
+from common import cli, devices, harness
 
 
 def before_import(plan: devices.DevicePlan) -> None:
@@ -15,5 +15,23 @@ def before_import(plan: devices.DevicePlan) -> None:
         os.environ["JAX_PLATFORMS"] = "cpu"
 
 
+def load(workload: str):
+    """The workload's module and what common needs of JAX (harness.Hooks), imported only now:
+    after before_import has set XLA's flags."""
+    from jax_impl import ceiling, devices
+
+    if workload == "lenet":
+        from jax_impl import lenet as module
+    elif workload == "resnet18":
+        from jax_impl import resnet18 as module
+    else:
+        from jax_impl import resnet50 as module
+    return module, harness.Hooks("jax", devices, ceiling.build)
+
+
+def run(argv: list[str] | None = None) -> int:
+    return cli.run("jax", argv, before_import, load)
+
+
 if __name__ == "__main__":
-    sys.exit(cli.run("jax", before_import=before_import))
+    sys.exit(run())

@@ -9,7 +9,7 @@ import sys
 import jax
 import jax.numpy as jnp
 
-from common import ceiling, cli, profiling
+from common import ceiling, cli, harness, profiling
 from jax_impl import devices as jdev
 from jax_impl import lenet, resnet18
 
@@ -65,11 +65,12 @@ def main(args, plan, cfg):
     device = jdev.get_devices(plan)[0]
     step, state, sync = build(args, cfg, device)
     warmup, steps, repeats = ceiling.counts(args, cfg)
-    trace = profiling.tracer(FRAMEWORK, args, "ceiling")  # --profile: the first timed repeat
+    hooks = harness.Hooks(FRAMEWORK, jdev)
+    trace = profiling.tracer(hooks, args, "ceiling")  # --profile: the first timed repeat
     timer = ceiling.measure(step, state, sync, warmup, steps, repeats, trace)
     fields = ceiling.record_fields(timer, cfg, args.amp, warmup, steps)
     names, versions = jdev.device_names([device]), jdev.versions()
-    rec = cli.make_record(FRAMEWORK, args, plan, cfg, names, versions, **fields)
+    rec = cli.make_record(FRAMEWORK, args, plan, cfg, names, versions, jdev.threads(), **fields)
     ceiling.save(rec, args.results, plan)
 
 

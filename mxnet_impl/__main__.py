@@ -1,8 +1,12 @@
-"""`python -m mxnet_impl --workload lenet --gpus 2`: see common/cli.py for the arguments."""
+"""`python -m mxnet_impl --workload lenet --gpus 2`: see common/cli.py for the arguments.
+
+The same command is each kvstore dist_sync worker that mxnet_impl/launch.py starts (or a user
+starts by hand): DMLC_ROLE=worker in its environment makes it one.
+"""
 
 import sys
 
-from common import cli, devices
+from common import cli, devices, harness
 
 
 def before_import(plan: devices.DevicePlan) -> None:
@@ -10,5 +14,22 @@ def before_import(plan: devices.DevicePlan) -> None:
     devices.set_mxnet_threads()
 
 
+def load(workload: str):
+    """The workload's module and what common needs of MXNet (harness.Hooks)."""
+    from mxnet_impl import ceiling, devices
+
+    if workload == "lenet":
+        from mxnet_impl import lenet as module
+    elif workload == "resnet18":
+        from mxnet_impl import resnet18 as module
+    else:
+        from mxnet_impl import resnet50 as module
+    return module, harness.Hooks("mxnet", devices, ceiling.build)
+
+
+def run(argv: list[str] | None = None) -> int:
+    return cli.run("mxnet", argv, before_import, load)
+
+
 if __name__ == "__main__":
-    sys.exit(cli.run("mxnet", before_import=before_import))
+    sys.exit(run())

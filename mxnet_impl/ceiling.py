@@ -9,7 +9,7 @@ import sys
 
 from mxnet import autograd, nd
 
-from common import ceiling, cli, devices, profiling
+from common import ceiling, cli, devices, harness, profiling
 from mxnet_impl import devices as mdev
 from mxnet_impl import lenet, resnet18
 
@@ -63,11 +63,12 @@ def main(args, plan, cfg):
     device = mdev.get_devices(plan)[0]
     step, state, sync = build(args, cfg, device)
     warmup, steps, repeats = ceiling.counts(args, cfg)
-    trace = profiling.tracer(FRAMEWORK, args, "ceiling")  # --profile: the first timed repeat
+    hooks = harness.Hooks(FRAMEWORK, mdev)
+    trace = profiling.tracer(hooks, args, "ceiling")  # --profile: the first timed repeat
     timer = ceiling.measure(step, state, sync, warmup, steps, repeats, trace)
     fields = ceiling.record_fields(timer, cfg, args.amp, warmup, steps)
     names, versions = mdev.device_names([device]), mdev.versions()
-    rec = cli.make_record(FRAMEWORK, args, plan, cfg, names, versions, **fields)
+    rec = cli.make_record(FRAMEWORK, args, plan, cfg, names, versions, mdev.threads(), **fields)
     ceiling.save(rec, args.results, plan)
 
 

@@ -1,8 +1,39 @@
-"""`python -m torch_impl --workload lenet --gpus 2`: see common/cli.py for the arguments."""
+"""`python -m torch_impl --workload lenet --gpus 2`: see common/cli.py for the arguments.
+
+The same command is each DDP rank that torchrun starts (torch_impl/launch.py): torchrun's
+environment makes it a worker, whose errors its launcher reports once.
+"""
 
 import sys
 
-from common import cli
+from common import cli, harness
+
+
+def load(workload: str):
+    """The workload's module and what common needs of torch (harness.Hooks). Only the
+    workload's own module is imported: resnet50's torchvision takes seconds."""
+    from torch_impl import ceiling, devices
+
+    if workload == "lenet":
+        from torch_impl import lenet as module
+    elif workload == "resnet18":
+        from torch_impl import resnet18 as module
+    else:
+        from torch_impl import resnet50 as module
+    return module, harness.Hooks("torch", devices, ceiling.build)
+
+
+def run(argv: list[str] | None = None) -> int:
+    return cli.run("torch", argv, load=load)
+
+
+def main() -> int:
+    from torch_impl import launch
+
+    if launch.is_worker():  # one of torchrun's ranks
+        launch.worker_main(lambda: cli.start("torch", sys.argv[1:], load=load))
+    return run()
+
 
 if __name__ == "__main__":
-    sys.exit(cli.run("torch"))
+    sys.exit(main())

@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from common import ceiling, cli, profiling
+from common import ceiling, cli, harness, profiling
 from torch_impl import devices as tdev
 from torch_impl import lenet, resnet18
 
@@ -37,12 +37,13 @@ def lenet_step(cfg, x, y, compiled):
 def resnet18_step(cfg, x, y, amp, compiled):
     """ResNet-18 as its training builds it (no DDP wrapper: one device, nothing to reduce), and
     resnet18.train_step itself."""
-    net = resnet18.init_weights(resnet18.resnet18(), cfg.init_std, cfg.seed).to(x.device)
+    net = resnet18.resnet18(amp=amp)  # torch's bf16: autocast around the model's forward
+    net = resnet18.init_weights(net, cfg.init_std, cfg.seed).to(x.device)
     net = tdev.gpu_layout(net, x.device)  # as resnet18._run
     if compiled:  # compiled in the warm-up steps; the full preset's 5 also capture CUDA graphs
         tdev.compile_model(net, x.device)
     optimizer = resnet18.make_optimizer(net, cfg.lr)
-    return (lambda _: resnet18.train_step(net, optimizer, x, y, amp)), None
+    return (lambda _: resnet18.train_step(net, optimizer, x, y)), None
 
 
 def build(args, cfg, device):
@@ -61,12 +62,13 @@ def main(args, plan, cfg):
     device = tdev.get_devices(plan)[0]
     step, state, sync = build(args, cfg, device)
     warmup, steps, repeats = ceiling.counts(args, cfg)
-    trace = profiling.tracer(FRAMEWORK, args, "ceiling")  # --profile: the first timed repeat
+    hooks = harness.Hooks(FRAMEWORK, tdev)
+    trace = profiling.tracer(hooks, args, "ceiling")  # --profile: the first timed repeat
     timer = ceiling.measure(step, state, sync, warmup, steps, repeats, trace)
     fields = ceiling.record_fields(timer, cfg, args.amp, warmup, steps)
     fields["extra"] |= tdev.compile_fields(args.compile, device)
     names, versions = tdev.device_names([device]), tdev.versions()
-    rec = cli.make_record(FRAMEWORK, args, plan, cfg, names, versions, **fields)
+    rec = cli.make_record(FRAMEWORK, args, plan, cfg, names, versions, tdev.threads(), **fields)
     ceiling.save(rec, args.results, plan)
 
 

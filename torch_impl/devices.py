@@ -4,6 +4,7 @@ record, how a GPU trains (its layout and the compile mode of --compile) and --pr
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -15,6 +16,19 @@ def get_devices(plan: devices.DevicePlan) -> list[torch.device]:
     if plan.platform == "gpu":
         return [torch.device(f"cuda:{i}") for i in range(plan.count)]
     return [torch.device("cpu")] * plan.count
+
+
+def to_device(arrays, device: torch.device) -> list[torch.Tensor]:
+    """Host arrays as tensors on `device`, once: the data set, whose batches are index slices."""
+    return [torch.from_numpy(a).to(device) for a in arrays]
+
+
+def one_copy(parts: list[np.ndarray], device: torch.device) -> list[torch.Tensor]:
+    """Index arrays on `device` from one host-to-device copy: a copy per step (`.to` waits for
+    the queued GPU work) would keep the CPU from queueing the next step ahead."""
+    flat = torch.from_numpy(np.concatenate(parts)).to(device)
+    ends = np.cumsum([len(p) for p in parts])
+    return [flat[end - len(p) : end] for p, end in zip(parts, ends, strict=True)]
 
 
 def sync(devs: list[torch.device]) -> None:

@@ -1,9 +1,21 @@
 """torchrun, the way this project starts one process per device (resnet18's DDP, resnet50's
-gpipe and 1f1b): `python -m torch.distributed.run --standalone --nproc-per-node=N -m MODULE`
-(through torch_impl/torchrun.py, which ends quietly when it is stopped).
+gpipe and 1f1b), and the worker's side of it: `python -m torch.distributed.run --standalone
+--nproc-per-node=N -m torch_impl ARGV` (through torch_impl/torchrun.py, which ends quietly when
+it is stopped). Each worker is the user's command again (`cli.worker_argv`), which knows itself
+a worker by torchrun's environment (`is_worker`) and runs `worker_main`.
 
 torchrun sets RANK, WORLD_SIZE, LOCAL_RANK and the rendezvous in each worker's environment;
-`torch.distributed.init_process_group` reads them there.
+`process_group` joins the group with them (`torch.distributed.init_process_group`).
+
+Several machines (resnet18 ddp): the same command on every node, with `--gpus` per node:
+
+  python -m torch_impl --workload resnet18 --gpus G --nnodes 2 --node-rank R \
+      --rdzv-endpoint HOST:29500 [--rdzv-timeout 300] [--preset ...] [--results ...]
+
+R = 0 on HOST, whose torchrun hosts the rendezvous on port 29500, and 1 on the other. The world
+size is nnodes x G and the batch and lr scale with it; the record (extra.nnodes) is appended to
+`--results` on the node that torchrun makes rank 0 (c10d numbers the nodes itself). Two "nodes"
+on one machine work the same with HOST=127.0.0.1.
 
 Several machines (resnet18 `--nnodes N --node-rank R --rdzv-endpoint HOST:PORT`): each node's
 torchrun joins a c10d rendezvous whose store node 0 hosts on HOST:PORT. torch's waits there end
@@ -21,6 +33,7 @@ it 0.25 s later, possibly before it had stopped its workers, which kept training
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import signal
 import socket
@@ -41,6 +54,7 @@ RDZV_ID = "multidevice"  # the same on every node: the nodes of one command meet
 TORCH_MARGIN_S = 60  # torch's own rendezvous timeouts end this much after the launcher's
 POLL_S = 0.2
 STOP_WAIT_S = 40  # after SIGTERM torchrun gives its workers 30 s to end, then kills them
+COLLECTIVE_TIMEOUT_S = 300  # a rank stuck in a collective fails after this, never hangs forever
 
 
 @dataclass(frozen=True)
@@ -105,18 +119,19 @@ class Nodes:
         )
 
 
-def torchrun(module: str, argv: list[str], nproc: int, what: str, nodes: Nodes | None = None):
-    """Run `python -m module *argv` in `nproc` processes on this machine (and, with `nodes`,
-    as one node of several); raise SystemExit with one line if any of them fails (torchrun then
-    stops the others)."""
-    env = dict(os.environ)
+def torchrun(argv: list[str], nproc: int, what: str, nodes: Nodes | None = None, env=None):
+    """Run `python -m torch_impl *argv` in `nproc` worker processes on this machine (and, with
+    `nodes`, as one node of several), `env` added to theirs; raise SystemExit with one line if
+    any of them fails (torchrun then stops the others)."""
+    env = {**os.environ, **(env or {})}
     # torchrun sets OMP_NUM_THREADS=1 when it is unset (docs/design.md, traps): the processes
     # share the cores instead.
     env.setdefault(devices.OMP_THREADS_ENV, str(max(1, devices.cores_allowed() // nproc)))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env[cli.NOTE_SHOWN_ENV] = "1"  # this process (cli.run) already said the devices are virtual
     cmd = [sys.executable, "-m", "torch_impl.torchrun"]  # torch.distributed.run, quiet if stopped
     cmd += nodes.torchrun_options() if nodes else ["--standalone"]
-    cmd += [f"--nproc-per-node={nproc}", "--monitor-interval=0.5", "-m", module, *argv]
+    cmd += [f"--nproc-per-node={nproc}", "--monitor-interval=0.5", "-m", "torch_impl", *argv]
     with tempfile.TemporaryDirectory() as tmp:
         for name in (ERROR_FILE_ENV, READY_FILE_ENV, PIDS_FILE_ENV):
             env[name] = str(Path(tmp) / name.lower())
@@ -204,6 +219,33 @@ def _kill_workers(pids_file: Path) -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
+def is_worker() -> bool:
+    """Whether this process is one of torchrun's workers (its environment says so)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ and "LOCAL_RANK" in os.environ
+
+
+@contextlib.contextmanager
+def process_group(plan: devices.DevicePlan):
+    """Join the process group torchrun described in this worker's environment (NCCL on GPUs,
+    gloo on CPUs) and yield (the world's plan: every rank's devices, this rank's device); leave
+    it after the block (end_process_group)."""
+    import torch
+    import torch.distributed as dist
+
+    local, gpu = int(os.environ["LOCAL_RANK"]), plan.platform == "gpu"
+    device = torch.device(f"cuda:{local}") if gpu else torch.device("cpu")
+    if gpu:
+        torch.cuda.set_device(device)
+    timeout = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
+    dist.init_process_group("nccl" if gpu else "gloo", timeout=timeout)
+    signal_ready()  # every node has joined: the launcher's wait ends
+    try:
+        world = devices.DevicePlan(dist.get_world_size(), plan.platform, plan.virtual)
+        yield world, device
+    finally:
+        end_process_group()
+
+
 def end_process_group() -> None:
     """destroy_process_group, called from a worker's `finally`: first every rank waits for the
     others, where its run ended well or diverged (every rank's training stops then), so none
@@ -222,19 +264,18 @@ def signal_ready() -> None:
         Path(os.environ[READY_FILE_ENV]).touch()
 
 
-def worker_main(entry, argv: list[str]) -> None:
-    """Run a worker's `entry(argv)` and end it with exit_worker: a user error is one line with
-    its exit code, left for the launcher to end on (said here without one), Ctrl-C ends
-    quietly; the exit code tells torchrun. Any other exception ends in its traceback, as a bug
-    should."""
+def worker_main(entry) -> None:
+    """Run a worker's `entry()` and end it with exit_worker: a user error is one line with its
+    exit code, left for the launcher to end on (said here without one), Ctrl-C ends quietly;
+    the exit code tells torchrun. Any other exception ends in its traceback, as a bug should."""
     if os.environ.get(PIDS_FILE_ENV):  # for the launcher to stop it, should torchrun not
         with open(os.environ[PIDS_FILE_ENV], "a") as f:
             f.write(f"{os.getpid()}\n")
     code = 0
     try:
-        entry(argv)
+        entry()
     except cli.USER_ERRORS as e:
-        line, code = f"error: {e}", cli.EXIT_DIVERGED if isinstance(e, cli.training.Diverged) else 2
+        line, code = f"error: {e}", cli.exit_code(e)
         if os.environ.get(ERROR_FILE_ENV):  # the launcher says it, once for all its workers
             with open(os.environ[ERROR_FILE_ENV], "a") as f:
                 f.write(f"{code} {line}\n")

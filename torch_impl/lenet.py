@@ -9,7 +9,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from common import ceiling, cli, config, data, profiling, timing, training, weights
+from common import config, data, harness, training, weights
 from torch_impl import devices as tdev
 
 FRAMEWORK, STRATEGY = "torch", "scratch"
@@ -92,93 +92,49 @@ def train_batch(X, y, device_params, devices, lr, model=lenet):
     return sum(l.detach().to(devices[0]) for l in ls)
 
 
-def evaluate(device_params, X, y, devices, batch_size):
-    """Accuracy on (X, y), every batch split over the devices; the correct count is exact."""
+def evaluate(device_params, X, y, devices):
+    """Correct predictions on the batch (X, y), split over the devices (an int)."""
     correct = 0
     with torch.no_grad():
-        for start in range(0, len(y), batch_size):
-            X_shards, y_shards = split_batch(
-                X[start : start + batch_size], y[start : start + batch_size], devices
-            )
-            for X_shard, y_shard, params in zip(X_shards, y_shards, device_params, strict=False):
-                correct += int((lenet(X_shard, params).argmax(dim=1) == y_shard).sum())
-    return correct / len(y)
+        X_shards, y_shards = split_batch(X, y, devices)
+        for X_shard, y_shard, params in zip(X_shards, y_shards, device_params, strict=False):
+            correct += int((lenet(X_shard, params).argmax(dim=1) == y_shard).sum())
+    return correct
 
 
-def train(
-    cfg, devices, train_data, test_data, no_progress=False, probe=None, compiled=False, trace=None
-):
-    """d2l's train(num_gpus, batch_size, lr). Returns the device parameters, EpochLog, timer.
-    `compiled`: the per-device forward torch.compiled (--compile), as JAX jits its own;
-    `probe`: --ceiling; `trace`: --profile's profiler around the first timed epoch."""
-    X, y = train_data
+def train(cfg, ds, run, model=lenet):
+    """d2l's train(num_gpus, batch_size, lr) on preloaded arrays, on `run.devices`; `run`
+    (common.harness.Run) times, logs and records it. `model`: lenet, or lenet torch.compiled
+    (--compile), as JAX jits its per-device step. Returns the device parameters."""
+    devices = run.devices
+    X, y, X_test, y_test = tdev.to_device(data.as_float(ds, np.int64), devices[0])
     params = init_params(cfg.init_std, cfg.seed)
     device_params = [get_params(params, d) for d in devices]
-    model, calls = (lenet, 1)
-    if compiled:  # compiled (and CUDA graphs captured) in the warm-up, never in an epoch
-        model, calls = tdev.compile_function(lenet, devices[0], len(devices))
-    timer = timing.Timer(lambda: tdev.sync(devices), warmup=1, trace=trace)
-    # Warm-up apart from the epochs (first touch, allocator; compilation): `calls` steps of each
-    # batch shape on throwaway copies, so training itself starts from the initial weights.
-    order = data.batches(len(y), cfg.batch_size, cfg.seed, 0)
-    with timer.region():
-        scratch = [get_params(params, d) for d in devices]
-        for idx in data.warmup_batches(order) * calls:
-            idx = torch.from_numpy(idx).to(X.device)
-            train_batch(X[idx], y[idx], scratch, devices, cfg.lr, model)
-    log = training.EpochLog(cfg.epochs, len(order), ceiling=probe)  # probe: --ceiling
-    for epoch in range(cfg.epochs):
-        batches = data.batches(len(y), cfg.batch_size, cfg.seed, epoch)
-        total = torch.zeros((), device=devices[0])
-        starts = range(0, len(y), cfg.batch_size)  # the batches, in order
-        # The bar before the clock starts: its first call imports tqdm (50 ms on a CPU).
-        bar = cli.progress(starts, len(batches), f"epoch {epoch + 1}", no_progress)
-        with timer.region():
-            # The epoch's order in one copy: a copy per batch (`.to` waits for the GPU) would
-            # stop the CPU from queueing the next batch while the GPU runs this one.
-            order = torch.from_numpy(np.concatenate(batches)).to(X.device)
-            for start in bar:
-                idx = order[start : start + cfg.batch_size]
-                total += train_batch(X[idx], y[idx], device_params, devices, cfg.lr, model)
-        acc = evaluate(device_params, *test_data, devices, cfg.batch_size)
-        log.add(float(total) / len(y), acc, timer.times[-1], len(batches), len(y))
-        if log.diverged:  # a non-finite loss: stop, and record what was measured
-            break
-    return device_params, log, timer
+    scratch = [get_params(params, d) for d in devices]  # the warm-up's throwaway copies
+
+    def on_device(batches):  # the batches' indices in one copy (a copy per batch would wait)
+        return tdev.one_copy(batches, X.device)
+
+    for idx in run.warm_up(on_device):  # each batch shape once (first touch, compilation)
+        train_batch(X[idx], y[idx], scratch, devices, cfg.lr, model)
+    for batches in run.epochs(on_device):  # iterating `batches` is the timed epoch
+        losses = [train_batch(X[i], y[i], device_params, devices, cfg.lr, model) for i in batches]
+        hits = [evaluate(device_params, X_test[i], y_test[i], devices) for i in run.test_batches()]
+        run.log(float(sum(losses)), sum(hits))
+    return device_params
 
 
-def main(args, plan, cfg) -> None:
+def main(args, plan, cfg, hooks) -> None:
     training.choose_strategy("lenet", FRAMEWORK, args.strategy, (STRATEGY,))
     # Every batch is split evenly over the devices, the epoch's last (partial) one included.
-    n_train = data.train_size(cfg.train_subset)
-    config.check_epoch_split(n_train, cfg.batch_size, plan.count)
+    config.check_epoch_split(data.train_size(cfg.train_subset), cfg.batch_size, plan.count)
     devices = tdev.get_devices(plan)
-    fm = data.load()
-    # Loaded once, as arrays on device 0; batches are sliced from them.
-    train_data, test_data = (
-        (
-            torch.from_numpy(data.to_float(images)).to(devices[0]),
-            torch.from_numpy(labels.astype(np.int64)).to(devices[0]),
-        )
-        for images, labels in (
-            data.subset(fm.train_images, fm.train_labels, cfg.train_subset, cfg.seed),
-            data.subset(fm.test_images, fm.test_labels, cfg.test_subset, cfg.seed),
-        )
-    )
-    probe = ceiling.paired(FRAMEWORK, args, cfg, devices[0])  # --ceiling
-    trace = profiling.tracer(FRAMEWORK, args, "epoch")  # --profile
-    _, log, timer = train(
-        cfg, devices, train_data, test_data, args.no_progress, probe, args.compile, trace
-    )
-    rec = cli.make_record(
-        FRAMEWORK,
-        args,
-        plan,
-        cfg,
-        tdev.device_names(devices),
-        tdev.versions(),
-        strategy=STRATEGY,
-        **log.record_fields(timer.warmup_seconds),
-        extra=tdev.compile_fields(args.compile, devices[0], len(devices)),  # mode, graphs left out
-    )
-    cli.save(rec, args.results, plan)
+    ds = data.load_subsets(cfg.train_subset, cfg.test_subset, cfg.seed)
+    model, calls = lenet, 1
+    if args.compile:  # compiled (and CUDA graphs captured) in the warm-up, never in an epoch
+        model, calls = tdev.compile_function(lenet, devices[0], len(devices))
+    sync = lambda: tdev.sync(devices)  # noqa: E731
+    with harness.Run(args, cfg, ds, devices, sync, hooks, calls=calls) as run:
+        train(cfg, ds, run, model)
+    extra = tdev.compile_fields(args.compile, devices[0], len(devices))  # mode, graphs left out
+    run.save(plan, tdev.device_names(devices), tdev.versions(), STRATEGY, extra)

@@ -1,42 +1,17 @@
 """ResNet-18 on Fashion-MNIST, concise data parallel in PyTorch (d2l 13.6).
 
-Strategies (`--strategy`), each in one function below:
+Strategies (`--strategy`), each one function that returns (place, shard, step, correct, total)
+(common/training.py, "A strategy"):
   ddp (default)  `ddp`: DistributedDataParallel, one process per device started by torchrun
-                 (torch_impl/launch.py): NCCL on GPUs, gloo on CPU. Each rank takes its row of
-                 every global batch (common.data.shard_batch), so a global batch is the one-device
-                 batch; DDP all-reduces the gradients during backward, the test accuracy is an
-                 all-reduce of counts. BatchNorm statistics stay per rank (DDP's default).
+                 (torch_impl/launch.py, which also runs it over several machines): NCCL on GPUs,
+                 gloo on CPU.
   dataparallel   `data_parallel`: nn.DataParallel, one process scattering each batch over the
                  GPUs (CUDA only: without CUDA it would silently run the plain module: refused).
-
-Several machines (ddp): the same command on every node, with `--gpus` per node:
-
-  python -m torch_impl --workload resnet18 --gpus G --nnodes 2 --node-rank R \
-      --rdzv-endpoint HOST:29500 [--rdzv-timeout 300] [--preset ...] [--results ...]
-
-R = 0 on HOST, whose torchrun hosts the rendezvous on port 29500, and 1 on the other. The world
-size is nnodes x G and the batch and lr scale with it; the record (extra.nnodes) is appended to
-`--results` on the node that torchrun makes rank 0 (c10d numbers the nodes itself). Two "nodes"
-on one machine work the same with HOST=127.0.0.1. What each node runs (torch_impl/launch.py,
-through torch_impl/torchrun.py):
-
-  python -m torch.distributed.run --nnodes=2 --nproc-per-node=G --rdzv-backend=c10d \
-      --rdzv-endpoint=HOST:29500 --rdzv-id=multidevice \
-      --rdzv-conf=is_host=true,join_timeout=360,read_timeout=360 -m torch_impl.resnet18 ...
-
-(is_host=false on the other nodes). torch's waits end in tracebacks, and a client of a busy port
-waits forever (torch 2.15): node 0 checks that the port is free, every node waits at most
-`--rdzv-timeout` s (torch's are 60 s later); a busy port or a missing node: one line, exit 2.
-Ctrl-C stops the node's torchrun and workers (exit 130, "interrupted; no record written"); the
-other nodes then fail (tracebacks for the lost peer, then a line of their own).
 """
 
-from __future__ import annotations
-
+import copy
 import dataclasses
-import datetime
 import os
-import sys
 from collections import OrderedDict
 
 import numpy as np
@@ -45,25 +20,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from common import (
-    ceiling,
-    cli,
-    config,
-    data,
-    devices,
-    profiling,
-    timing,
-    training,
-    utilization,
-    weights,
-)
+from common import cli, config, data, harness, training, utilization, weights
 from torch_impl import devices as tdev
 from torch_impl import launch
+from torch_impl import weights as tweights
 
 FRAMEWORK = "torch"
 STRATEGIES = ("ddp", "dataparallel")
 NUM_CLASSES = 10
-COLLECTIVE_TIMEOUT_S = 300  # a rank stuck in a collective fails after this, never hangs forever
 
 
 class Residual(nn.Module):
@@ -88,18 +52,25 @@ class Residual(nn.Module):
 
 
 class ResNet18(nn.Sequential):
-    """A Sequential with a forward of its own: torch 2.11's Module.compile traces it as one graph,
-    a plain one block by block (8 graphs, stem and head eager: one H100, 2.3 s/epoch, as eager)."""
+    """A Sequential with a forward of its own, which torch.compile traces as one graph (torch
+    2.11's in-place Module.compile traced a plain one block by block). `amp`: torch's bf16 is
+    autocast around the forward (JAX's is the model's dtype, MXNet's a process-wide switch)."""
+
+    def __init__(self, layers, amp=False):
+        super().__init__(layers)
+        self.amp = amp
 
     def forward(self, x):
-        for layer in self:
-            x = layer(x)
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.amp):
+            for layer in self:
+                x = layer(x)
         return x
 
 
-def resnet18(num_classes=NUM_CLASSES, in_channels=1, width=64, use_bn=True):
+def resnet18(num_classes=NUM_CLASSES, in_channels=1, width=64, use_bn=True, amp=False):
     """d2l's ResNet-18: 3x3 stem, no max-pool, 4 stages of 2 blocks; `width` narrows it for tests,
-    `use_bn=False` drops BatchNorm (for exact data-parallel == one-device tests)."""
+    `use_bn=False` drops BatchNorm (for exact data-parallel == one-device tests), `amp` computes
+    the convolutions in bf16 (--amp bf16)."""
 
     def norm(c):
         return nn.BatchNorm2d(c) if use_bn else nn.Identity()
@@ -127,29 +98,22 @@ def resnet18(num_classes=NUM_CLASSES, in_channels=1, width=64, use_bn=True):
             pool=nn.AdaptiveAvgPool2d(1),
             flatten=nn.Flatten(),
             fc=nn.Linear(w[3], num_classes),
-        )
+        ),
+        amp,
     )
 
 
 def weight_shapes(net):
     """Names and shapes in the exchange format (parameters and BN running statistics)."""
-    return {k: tuple(v.shape) for k, v in get_weights(net).items()}
+    return tweights.shapes(net)
 
 
 def get_weights(net):
-    # num_batches_tracked is torch-only bookkeeping, not a weight; float64 (tests) stays float64;
-    # a copy, since on the CPU .numpy() shares memory.
-    return {
-        k: v.detach().to(torch.promote_types(v.dtype, torch.float32)).cpu().numpy().copy()
-        for k, v in net.state_dict().items()
-        if not k.endswith("num_batches_tracked")
-    }
+    return tweights.get_weights(net)
 
 
 def set_weights(net, params):
-    weights.check_shapes(params, weight_shapes(net))
-    state = {k: torch.from_numpy(np.asarray(v)) for k, v in params.items()}
-    net.load_state_dict(state, strict=False)  # strict=False: num_batches_tracked is kept
+    tweights.set_weights(net, params)  # in place, each tensor on its device
     return net
 
 
@@ -167,150 +131,120 @@ def loss_fn(logits, labels):
     return F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)), labels)
 
 
-def train_step(net, optimizer, x, y, amp=False):
-    """One SGD step on this process's batch; returns its mean loss (not synced)."""
+def train_step(net, optimizer, x, y):
+    """One SGD step on a batch; returns its mean loss (not synced)."""
     # A new step: CUDA graphs (--compile on one GPU) may reuse the last step's output memory.
     torch.compiler.cudagraph_mark_step_begin()
     optimizer.zero_grad(set_to_none=True)
-    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=amp):
-        logits = net(x)
-    loss = loss_fn(logits, y)
+    loss = loss_fn(net(x), y)
     loss.backward()
     optimizer.step()
     return loss.detach()
 
 
-def evaluate(net, images, labels, batch_size, amp=False):
-    """(correct, count) on `images`; the caller all-reduces the counts across ranks."""
+def evaluate(net, x, y):
+    """Correct predictions on a batch (not synced). A compiled module evaluates eagerly:
+    evaluation is not timed, and compiling its mode and shapes would spend time outside the
+    warm-up."""
     net.eval()
-    correct = torch.zeros((), dtype=torch.int64, device=images.device)
-    with torch.no_grad(), torch.autocast(images.device.type, dtype=torch.bfloat16, enabled=amp):
-        for i in range(0, len(labels), batch_size):
-            pred = net(images[i : i + batch_size]).argmax(dim=1)
-            correct += (pred == labels[i : i + batch_size]).sum()
+    with torch.no_grad(), torch.compiler.set_stance("force_eager"):
+        correct = (net(x).argmax(dim=1) == y).sum()
     net.train()
-    return int(correct), len(labels)
+    return correct
 
 
 # --- the parallelism: one function per strategy ------------------------------------------------
 
 
-def data_parallel(net, devs):
-    """nn.DataParallel: one process; each step scatters the batch over `devs`, replicates the
-    module, gathers the outputs on devs[0], and backward sums the gradients there (CUDA only)."""
-    return nn.DataParallel(net, device_ids=[d.index for d in devs])
+def data_parallel(net, optimizer, devices):
+    """nn.DataParallel: one process; each step scatters the batch over `devices`, replicates the
+    module, gathers the outputs on devices[0], and backward sums the gradients there."""
+    wrapped = nn.DataParallel(net, device_ids=[d.index for d in devices])
+
+    def place(arrays):  # on the first device, where DataParallel scatters from
+        return tdev.to_device(data.as_float(arrays, np.int64), devices[0])
+
+    def shard(batches):  # every batch whole, in one copy: DataParallel splits it
+        return tdev.one_copy(batches, devices[0])
+
+    def step(x, y, idx):
+        return train_step(wrapped, optimizer, x[idx], y[idx]) * len(idx)
+
+    def correct(x, y, idx):
+        return evaluate(wrapped, x[idx], y[idx])
+
+    def total(losses, hits):  # one process: nothing to add up across processes
+        return float(sum(losses)), float(sum(hits))
+
+    return place, shard, step, correct, total
 
 
-def ddp(net, device):
-    """DistributedDataParallel: this process is one rank of the process group (torchrun started
-    one per device). DDP broadcasts rank 0's weights, and during backward all-reduces (averages)
-    the gradients in buckets, so every rank takes the same step on its row of the batch. One rank
-    has nothing to average, but DDP would still all-reduce every gradient (one H100: 3.17 s/epoch,
-    DataParallel 2.60): it trains the plain module, as JAX and Gluon do on one device."""
-    if dist.get_world_size() == 1:
-        return net
-    return nn.parallel.DistributedDataParallel(
-        net, device_ids=[device.index] if device.type == "cuda" else None
-    )
+def ddp(net, optimizer, devices):
+    """DistributedDataParallel: this process is one rank of a process group of one process per
+    device (torchrun started them, torch_impl/launch.py joined the group); `devices` is the
+    rank's one. Each rank takes its row of every global batch, so a global batch is the one-
+    device batch. DDP broadcasts rank 0's weights and, during backward, all-reduces (averages)
+    the gradients in buckets: every rank takes the same step. BatchNorm statistics stay per rank
+    (DDP's default). One rank has nothing to average, yet DDP would all-reduce every gradient:
+    it trains the plain module, as JAX and Gluon do on one device."""
+    device, rank, world = devices[0], dist.get_rank(), dist.get_world_size()
+    wrapped = net
+    if world > 1:
+        ids = [device.index] if device.type == "cuda" else None
+        wrapped = nn.parallel.DistributedDataParallel(net, device_ids=ids)
 
+    def place(arrays):  # every rank holds the whole data set on its device
+        return tdev.to_device(data.as_float(arrays, np.int64), device)
 
-def train(
-    net, cfg, ds, devs, strategy, sampler=None, no_progress=False, amp=False, compiled=False,
-    probe=None, trace=None,
-):  # fmt: skip
-    """d2l's train loop on preloaded arrays. Under DDP each process runs this for its rank.
-    `amp`: torch's bf16 is an autocast context around each step (JAX's is the model's dtype).
-    `compiled`: torch.compile (--compile; JAX's jit, Gluon's hybridize); `probe`: --ceiling;
-    `trace`: --profile's profiler around the first timed epoch."""
-    rank, world = (dist.get_rank(), dist.get_world_size()) if strategy == "ddp" else (0, 1)
-    device = devs[0]
-    # --compile: the inner module, in place (its weights keep their names), before DDP or
-    # DataParallel wraps it, as torch's docs advise. It compiles (and captures CUDA graphs) in
-    # the warm-up below, never in a timed epoch; evaluation runs eagerly.
-    calls = tdev.compile_model(net, device, world) if compiled else 1
-    net = ddp(net, device) if strategy == "ddp" else data_parallel(net, devs)
-    x_train, y_train, x_test, y_test = _to_device(ds, device)
-    optimizer = make_optimizer(net, cfg.lr)
-    sampler = sampler or utilization.Sampler("cpu_time")
-    timer = timing.Timer(lambda: tdev.sync([device]), warmup=1, trace=trace)
-    first = data.batches(len(y_train), cfg.batch_size, cfg.seed, 0)
-    log = training.EpochLog(cfg.epochs, len(first), quiet=rank != 0, ceiling=probe)
-    # Warm-up apart from the epochs (compilation, cuDNN autotuning, allocator): `calls` steps of
-    # each batch shape the epochs will use, then the initial weights are restored, so every
-    # epoch is timed whole.
-    initial = {k: v.detach().clone() for k, v in net.state_dict().items()}
-    warmup = data.warmup_batches(first[: cfg.steps_per_epoch]) * calls
-    with timer.region():
-        for sel in _rows(warmup, rank, world, device):
-            train_step(net, optimizer, x_train[sel], y_train[sel], amp)
-    net.load_state_dict(initial)
-    for epoch in range(cfg.epochs):
-        steps = data.batches(len(y_train), cfg.batch_size, cfg.seed, epoch)[: cfg.steps_per_epoch]
-        total = torch.zeros((), device=device)
-        bar = cli.progress(range(len(steps)), len(steps), f"epoch {epoch + 1}", no_progress or rank)
-        with sampler.measure(), timer.region():
-            for sel in _rows(steps, rank, world, device):
-                total += train_step(net, optimizer, x_train[sel], y_train[sel], amp) * len(sel)
-                bar.update(1)
-        bar.close()
-        seen = sum(len(b) for b in steps)
+    def shard(batches):  # this rank's row of every global batch, in one copy
+        return tdev.one_copy([data.shard_batch(idx, world)[rank] for idx in batches], device)
+
+    def step(x, y, rows):
+        return train_step(wrapped, optimizer, x[rows], y[rows]) * len(rows)
+
+    def correct(x, y, idx):  # this rank's share of the test batch, on its local module
+        rows = np.array_split(idx, world)[rank]
+        return evaluate(net, x[rows], y[rows])
+
+    def total(losses, hits):  # summed over the ranks: one all-reduce of both
+        sums = [float(sum(losses)), float(sum(hits))]
+        sums = torch.tensor(sums, dtype=torch.float64, device=device)  # NCCL: CUDA tensors
         if world > 1:
-            dist.all_reduce(total)
-        acc = _test_accuracy(net, x_test, y_test, max(256, cfg.batch_size), amp, rank, world)
-        log.add(float(total) / seen, acc, timer.times[-1], len(steps), seen)
-        if log.diverged:  # a non-finite loss: stop, and record what was measured
-            break
-    return log, timer
+            dist.all_reduce(sums)
+        return sums.tolist()
+
+    return place, shard, step, correct, total
 
 
-def _to_device(ds, device):
-    """(x_train, y_train, x_test, y_test) as tensors on `device`, once."""
-    x_train, y_train, x_test, y_test = ds
-    return (
-        torch.from_numpy(data.to_float(x_train)).to(device),
-        torch.from_numpy(y_train.astype(np.int64)).to(device),
-        torch.from_numpy(data.to_float(x_test)).to(device),
-        torch.from_numpy(y_test.astype(np.int64)).to(device),
-    )
+def train(net, cfg, ds, strategy, run):
+    """d2l's train loop on preloaded arrays: `strategy` (one of the functions above) spreads each
+    step over the devices; `run` (common.harness.Run) times, logs and records it."""
+    place, shard, step, correct, total = strategy(net, make_optimizer(net, cfg.lr), run.devices)
+    x_train, y_train, x_test, y_test = place(ds)
+    initial = copy.deepcopy(net.state_dict())
+    for part in run.warm_up(shard):  # each batch shape once (compilation, autotuning)
+        step(x_train, y_train, part)
+    net.load_state_dict(initial)  # the epochs start from the initial weights
+    for parts in run.epochs(shard):  # iterating `parts` is the timed epoch
+        losses = [step(x_train, y_train, part) for part in parts]
+        hits = [correct(x_test, y_test, idx) for idx in run.test_batches()]
+        run.log(*total(losses, hits))
 
 
-def _rows(steps, rank, world, device):
-    """This rank's row of every global batch in `steps`, from one host-to-device copy: a copy
-    per step (`.to` waits for the queued GPU work) would keep the CPU from queueing ahead."""
-    rows = [data.shard_batch(idx, world)[rank] for idx in steps]
-    flat = torch.from_numpy(np.concatenate(rows)).to(device)
-    ends = np.cumsum([len(r) for r in rows])
-    return [flat[end - len(r) : end] for r, end in zip(rows, ends, strict=True)]
-
-
-def _test_accuracy(net, x_test, y_test, batch_size, amp, rank, world):
-    """Each rank evaluates its slice of the test set; the counts are summed over the ranks."""
-    if world > 1:
-        part = data.shard_batch(np.arange(len(y_test)), world)[rank]
-        x_test, y_test = x_test[part[0] : part[-1] + 1], y_test[part[0] : part[-1] + 1]
-    # DDP: each rank runs its local module (no collectives); DataParallel scatters as usual.
-    module = net.module if isinstance(net, nn.parallel.DistributedDataParallel) else net
-    # A compiled module (--compile) evaluates eagerly: evaluation is not timed, and compiling
-    # its mode and batch shapes would spend time outside the warm-up.
-    with torch.compiler.set_stance("force_eager"):
-        correct = evaluate(module, x_test, y_test, batch_size, amp)
-    counts = torch.tensor(correct, dtype=torch.float64, device=x_test.device)  # NCCL: CUDA only
-    if world > 1:
-        dist.all_reduce(counts)
-    return float(counts[0] / counts[1])
-
-
-def main(args, plan, cfg):
-    """Check everything, then start the DDP workers (torchrun) or run DataParallel here."""
+def main(args, plan, cfg, hooks):
+    """Check everything; then train here (dataparallel, or one DDP rank that torchrun started),
+    or start one DDP rank per device with torchrun (torch_impl/launch.py)."""
     strategy = training.choose_strategy("resnet18", FRAMEWORK, args.strategy, STRATEGIES)
     nodes = launch.Nodes.of(args)  # several machines: `--gpus` devices on each
     world = plan if nodes is None else dataclasses.replace(plan, count=plan.count * nodes.count)
     _check(cfg, world, strategy)
     if strategy == "dataparallel":
-        _run(args, plan, cfg, strategy, tdev.get_devices(plan))
-        return
-    argv = _worker_argv(args)
-    launch.torchrun("torch_impl.resnet18", argv, plan.count, "DDP training", nodes)
+        _run(args, plan, cfg, hooks, strategy, tdev.get_devices(plan))
+    elif launch.is_worker():
+        with launch.process_group(plan) as (world, device):
+            _run(args, world, cfg, hooks, strategy, [device])
+    else:
+        launch.torchrun(cli.worker_argv(args, strategy="ddp"), plan.count, "DDP training", nodes)
 
 
 def _check(cfg, plan, strategy):
@@ -327,72 +261,27 @@ def _check(cfg, plan, strategy):
         )
 
 
-def _run(args, plan, cfg, strategy, devs):
-    """Train and (rank 0) record one run: the DataParallel process, or one DDP rank."""
+def _run(args, plan, cfg, hooks, strategy, devs):
+    """Train and record one run: the DataParallel process, or one DDP rank (rank 0 records)."""
     # d2l 13.6: 2 devices train with batch 512 and lr 0.2 (the one-device values times 2).
     cfg = config.for_devices(cfg, plan.count)
     ds = data.load_subsets(cfg.train_subset, cfg.test_subset, cfg.seed)
-    net = tdev.gpu_layout(init_weights(resnet18(), cfg.init_std, cfg.seed).to(devs[0]), devs[0])
-    local = len(devs) if strategy == "dataparallel" else int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    rank = dist.get_rank() if strategy == "ddp" else 0
-    with utilization.sampler_for(plan.platform, local if rank == 0 else 0) as sampler:
-        log, timer = train(
-            net, cfg, ds, devs, strategy, sampler, args.no_progress, args.amp == "bf16",
-            args.compile, ceiling.paired(FRAMEWORK, args, cfg, devs[0]),  # --ceiling
-            profiling.tracer(FRAMEWORK, args, "epoch", rank),  # --profile
-        )  # fmt: skip
-    world = dist.get_world_size() if strategy == "ddp" else 1
-    usage = tdev.gather_usage(sampler.result(), devs, plan.platform == "gpu", world)
-    if rank != 0:
-        return
-    ranks = [f"rank{r}:{devs[0].type}" for r in range(world)]
-    names = tdev.device_names(devs) if strategy == "dataparallel" else ranks
-    extra = {**usage, "world_size": world}  # threads: cli.make_record
-    extra["ddp_wrapper"] = strategy == "ddp" and world > 1  # one rank: the plain module (ddp)
+    net = init_weights(resnet18(amp=args.amp == "bf16"), cfg.init_std, cfg.seed).to(devs[0])
+    net = tdev.gpu_layout(net, devs[0])
+    rank, world = (dist.get_rank(), dist.get_world_size()) if strategy == "ddp" else (0, 1)
+    # --compile: in place, before DDP or DataParallel wraps it, as torch's docs advise; it
+    # compiles (and captures CUDA graphs) in the warm-up, never in a timed epoch.
+    calls = tdev.compile_model(net, devs[0], world) if args.compile else 1
+    run = harness.Run(args, cfg, ds, devs, lambda: tdev.sync(devs[:1]), hooks, rank, calls)
+    local = len(devs) if strategy != "ddp" else int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    with run.sampling(utilization.sampler_for(plan.platform, local if rank == 0 else 0)):
+        train(net, cfg, ds, {"ddp": ddp, "dataparallel": data_parallel}[strategy], run)
+    extra = tdev.gather_usage(run.usage(), devs, plan.platform == "gpu", world)
+    extra |= {"world_size": world, "amp": args.amp, "ddp_wrapper": strategy == "ddp" and world > 1}
     extra |= tdev.compile_fields(args.compile, devs[0], world)  # --compile: mode, graphs left out
     extra["nnodes"] = int(os.environ.get("GROUP_WORLD_SIZE", 1))  # torchrun's: the nodes
     if os.environ.get("OMP_NUM_THREADS"):
         extra["omp_num_threads_env"] = os.environ["OMP_NUM_THREADS"]
-    rec = cli.make_record(
-        FRAMEWORK, args, plan, cfg, names, tdev.versions(), strategy=strategy,
-        **log.record_fields(timer.warmup_seconds), extra={**extra, "amp": args.amp},
-    )  # fmt: skip
-    cli.save(rec, args.results, plan)
-
-
-# --- torch only: the DDP worker, one process per device, started by torchrun ------------------
-
-
-def _worker_argv(args):
-    """The command line that reproduces `args` for the worker entry."""
-    argv = ["--workload", args.workload, "--gpus", str(args.gpus), "--platform", args.platform]
-    argv += ["--preset", args.preset, "--strategy", "ddp", "--amp", args.amp]
-    argv += ["--results", str(args.results)]
-    argv += ["--profile", args.profile] if args.profile else []
-    overrides = (("--epochs", args.epochs), ("--batch-size", args.batch_size), ("--lr", args.lr))
-    argv += [part for flag, v in overrides if v is not None for part in (flag, str(v))]
-    argv += [flag for flag, on in (("--compile", args.compile), ("--ceiling", args.ceiling)) if on]
-    return argv + (["--no-progress"] if args.no_progress else [])
-
-
-def ddp_worker(argv):
-    """One rank: torchrun set RANK, WORLD_SIZE, LOCAL_RANK and the rendezvous in the environment."""
-    args = cli.parser(FRAMEWORK).parse_args(argv)
-    local = devices.plan(int(os.environ["LOCAL_WORLD_SIZE"]), args.platform)
-    plan = devices.DevicePlan(int(os.environ["WORLD_SIZE"]), local.platform, local.virtual)
-    gpu = plan.platform == "gpu"
-    if gpu:
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    dist.init_process_group(
-        "nccl" if gpu else "gloo", timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
-    )
-    launch.signal_ready()  # every node has joined: the launcher's wait ends
-    try:
-        device = torch.device(f"cuda:{os.environ['LOCAL_RANK']}") if gpu else torch.device("cpu")
-        _run(args, plan, cli.config_of(args), "ddp", [device])
-    finally:
-        launch.end_process_group()
-
-
-if __name__ == "__main__":  # the DDP worker entry, started by torchrun (see the docstring)
-    launch.worker_main(ddp_worker, sys.argv[1:])
+    ranks = [f"rank{r}:{devs[0].type}" for r in range(world)]
+    names = ranks if strategy == "ddp" else tdev.device_names(devs)
+    run.save(plan, names, tdev.versions(), strategy, extra)

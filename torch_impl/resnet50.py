@@ -4,25 +4,19 @@
 Read in order: the toy model (the whole idea in ten lines), the network and how it is cut into
 stages, the model-parallel and pipelined models, the training loop, the split-size sweep, main.
 torch only: `gpipe` and `1f1b` run the same stages on torch.distributed.pipelining, one process
-per stage started through torchrun (gloo on CPU, NCCL on GPU).
+per stage started through torchrun (torch_impl/pipelining.py).
 """
 
 import dataclasses
-import json
-import os
-import sys
-import tempfile
-from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from torch import nn, optim
 from torchvision.models.resnet import Bottleneck, ResNet
 
-from common import cli, config, profiling, stages, timing
+from common import config, stages, timing
 from common.stages import stage_blocks
 from torch_impl import devices as tdev
-from torch_impl import launch
+from torch_impl import launch, pipelining
 
 FRAMEWORK = "torch"
 STRATEGIES = ("single", "model_parallel", "pipeline", "gpipe", "1f1b")
@@ -180,34 +174,24 @@ def measure_stages(model, cfg, repeats=3):
     }
 
 
-def train(model, cfg, devices, train_bn=True, split_sizes=(None,), traces=None):
-    """The tutorial's loop: MSE on one-hot labels, SGD, `num_batches` steps per timed repeat,
-    `warmup` repeats apart; several `split_sizes` (the sweep) taken round-robin
-    (stages.round_robin). train_bn=False: BatchNorm uses its running statistics, so
-    micro-batches change nothing (tests). `traces`: --profile's, per split size. Returns a
-    Timer and every loss per split size."""
+def train(model, cfg, devices, repeats, train_bn=True):
+    """The tutorial's loop: MSE on one-hot labels, SGD; each of `repeats` (common.stages.Repeats)
+    a timed repeat of num_batches steps at its split size. train_bn=False: BatchNorm uses its
+    running statistics, so micro-batches change nothing (tests). Returns `repeats`."""
     model.train(train_bn)
-    loss_fn = nn.MSELoss()
-    optimizer = optim.SGD(model.parameters(), lr=cfg.lr)
+    loss_fn, optimizer = nn.MSELoss(), optim.SGD(model.parameters(), lr=cfg.lr)
     inputs, labels = make_data(cfg, devices, next(model.parameters()).dtype)
-    timers = {
-        s: timing.Timer(lambda: tdev.sync(devices), cfg.warmup, trace=traces and traces[s])
-        for s in split_sizes
-    }
-    losses = {s: [] for s in split_sizes}
-    for split_size in stages.round_robin(split_sizes, cfg.warmup, cfg.repeats):
+    repeats.sync = lambda: tdev.sync(devices)
+    for split_size, batches in repeats:
         model.split_size = split_size  # None: the whole batch (single, model_parallel)
-        with timers[split_size].region():
-            for b in range(cfg.num_batches):
-                torch.compiler.cudagraph_mark_step_begin()  # --compile's CUDA graphs: a new step
-                optimizer.zero_grad()
-                outputs = model(inputs[b])
-                loss = loss_fn(outputs, labels[b])
-                loss.backward()
-                optimizer.step()
-                # read after the clock stops: .item() would sync
-                losses[split_size].append(loss.detach())
-    return {s: (timers[s], [loss.item() for loss in losses[s]]) for s in split_sizes}
+        for b in batches:
+            torch.compiler.cudagraph_mark_step_begin()  # --compile's CUDA graphs: a new step
+            optimizer.zero_grad()
+            loss = loss_fn(model(inputs[b]), labels[b])
+            loss.backward()
+            optimizer.step()
+            repeats.add(loss.detach())  # read after the clock stops: .item() would sync
+    return repeats
 
 
 def build(strategy, devices, split_size, num_classes):
@@ -218,154 +202,37 @@ def build(strategy, devices, split_size, num_classes):
     return PipelineParallelResNet50(devices, split_size, num_classes)
 
 
-def run_strategy(args, plan, cfg, devs, strategy, split_sizes=(None,), sweep=False):
-    """Build, train, time and record one strategy, a record per split size; returns them."""
-    used = stages.stage_devices(devs, strategy)
-    shared = len(used) > plan.count  # one GPU: both stages on it
+def measure(args, cfg, devices, strategy, repeats):
+    """Build `strategy`'s model on its devices, train it through `repeats`, and return the
+    record's extra: stage times, or (one GPU) the peak memory; gpipe and 1f1b on torch's engine."""
     torch.manual_seed(cfg.seed)
-    if strategy in ("gpipe", "1f1b"):
-        out = launch_pipelining(cfg, plan, strategy, split_sizes[0], profile=args.profile)
-        timer = timing.Timer(warmup=cfg.warmup)
-        timer.warmup_times, timer.times = out["warmup_times"], out["times"]
-        runs, extra = {split_sizes[0]: (timer, out["losses"])}, out["extra"]
-    else:
-        model = build(strategy, used, split_sizes[0], cfg.num_classes)
-        if args.compile:  # torch.compile (--compile, `single` only): compiled in train's warm-up
-            tdev.compile_model(model, used[0])
-        cuda = list(dict.fromkeys(d for d in used if d.type == "cuda"))
-        for d in cuda:  # after the build: CUDA refuses this on a device it has not touched yet
-            torch.cuda.reset_peak_memory_stats(d)
-        traces = profiling.resnet50_traces(FRAMEWORK, args, strategy, split_sizes, sweep)
-        runs = train(model, cfg, used, split_sizes=split_sizes, traces=traces)
-        extra = measure_stages(model, cfg) if strategy != "single" else {}
-        if strategy == "single" and cuda:
-            extra = {"peak_memory_bytes": [torch.cuda.max_memory_allocated(cuda[0])]}
-        if args.compile:
-            extra |= tdev.compile_fields(True, used[0])
-    recs = []
-    for split_size, (timer, losses) in runs.items():
-        recs.append(cli.make_record(
-            FRAMEWORK, args, dataclasses.replace(plan, count=min(len(used), plan.count)), cfg,
-            tdev.device_names(used), tdev.versions(), strategy=strategy,
-            **stages.record_fields(cfg, timer, losses, split_size, extra, sweep, shared),
-        ))  # fmt: skip
-        stages.save(recs[-1], args.results, cfg, plan)
-    return recs
+    if strategy in pipelining.STRATEGIES:  # torch's own engine, a process per stage
+        return pipelining.launch_stages(cfg, devices, strategy, repeats, profile=args.profile)
+    model = build(strategy, devices, repeats.split_sizes[0], cfg.num_classes)
+    if args.compile:  # torch.compile (--compile, `single` only): compiled in train's warm-up
+        tdev.compile_model(model, devices[0])
+    cuda = list(dict.fromkeys(d for d in devices if d.type == "cuda"))
+    for d in cuda:  # after the build: CUDA refuses this on a device it has not touched yet
+        torch.cuda.reset_peak_memory_stats(d)
+    train(model, cfg, devices, repeats)
+    extra = measure_stages(model, cfg) if strategy != "single" else {}
+    if strategy == "single" and cuda:
+        extra = {"peak_memory_bytes": [torch.cuda.max_memory_allocated(cuda[0])]}
+    return extra | (tdev.compile_fields(True, devices[0]) if args.compile else {})
 
 
-def main(args, plan, cfg):
-    one_gpu = plan.count == 1 and plan.platform == "gpu"
-    strategies = stages.choose_strategies(args, plan.count, STRATEGIES, FRAMEWORK, one_gpu)
-    for s in strategies:  # the engine's own limits, before anything runs
-        if s in ("gpipe", "1f1b"):
-            check_pipelining(s, plan.count, cfg.split_size, cfg.batch_size)
-    devs = tdev.get_devices(plan)
-    for strategy, split_sizes, sweep in stages.runs(args, cfg, strategies):
-        run_strategy(args, plan, cfg, devs, strategy, split_sizes, sweep)
+def main(args, plan, cfg, hooks):
+    if launch.is_worker():  # one stage's process of gpipe or 1f1b (torch_impl/pipelining.py)
+        pipelining.worker(hooks, stage_of, make_data)
+        return
+    if args.strategy in pipelining.STRATEGIES:  # the engine's own limits, before anything runs
+        pipelining.check(args.strategy, plan.count, cfg.split_size, cfg.batch_size)
+    stages.main(args, plan, cfg, hooks, STRATEGIES, measure)
 
 
-# --- torch only: the same stages on torch.distributed.pipelining, one process per stage --------
-def check_pipelining(strategy, n_stages, split_size, batch_size):
-    """The engine needs equal micro-batches (static shapes); 1F1B needs at least one per stage."""
-    if batch_size % split_size:
-        raise config.ConfigError(
-            f"{strategy} needs micro-batches of equal size: split_size {split_size} must divide "
-            f"the batch size {batch_size}"
-        )
-    if strategy == "1f1b" and batch_size // split_size < n_stages:
-        raise config.ConfigError(
-            f"1f1b needs at least {n_stages} micro-batches (one per stage); split_size "
-            f"{split_size} of batch {batch_size} gives {batch_size // split_size}"
-        )
-
-
-def launch_pipelining(cfg, plan, strategy, split_size, train_bn=True, profile=None):
-    """Start one process per stage with torchrun and return what the last stage reports.
-    `profile`: --profile's folder, where each rank traces its first timed repeat."""
-    spec = {
-        "cfg": dataclasses.asdict(cfg),
-        "strategy": strategy,
-        "split_size": split_size,
-        "gpu": plan.platform == "gpu",
-        "train_bn": train_bn,
-        "profile": profile,
-    }
-    with tempfile.TemporaryDirectory() as tmp:
-        spec["out"] = str(Path(tmp) / "result.json")
-        argv = ["--pipelining-worker", json.dumps(spec)]
-        launch.torchrun("torch_impl.resnet50", argv, plan.count, strategy)
-        return json.loads(Path(spec["out"]).read_text())
-
-
-def pipelining_worker(spec):
-    """One torchrun process: build the seeded model, keep this rank's stage, run the schedule,
-    and (last rank) write what it measured to spec["out"]."""
-    cfg = config.Resnet50Config(**{**spec["cfg"], "split_sizes": tuple(spec["cfg"]["split_sizes"])})
-    dist.init_process_group("nccl" if spec["gpu"] else "gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cpu")
-    if spec["gpu"]:
-        device = torch.device(f"cuda:{int(os.environ['LOCAL_RANK'])}")
-        torch.cuda.set_device(device)
-    stage_module, schedule = _stage_and_schedule(spec, cfg, rank, world, device)
-    trace = profiling.tracer_at(FRAMEWORK, spec["profile"], "resnet50", spec["strategy"], rank)
-    timer, losses = _run_schedule(schedule, stage_module, cfg, rank, world, device, trace)
-    stage_params = [None] * world
-    dist.all_gather_object(stage_params, sum(p.numel() for p in stage_module.parameters()))
-    if rank == world - 1:
-        extra = {"num_stages": world, "stage_params": stage_params}
-        extra |= {"n_microbatches": cfg.batch_size // spec["split_size"]}
-        extra |= {"engine": "torch.distributed.pipelining", "backend": dist.get_backend()}
-        out = {"times": timer.times, "warmup_times": timer.warmup_times, "extra": extra}
-        out["losses"] = [loss.item() for loss in losses]
-        Path(spec["out"]).write_text(json.dumps(out))
-    launch.end_process_group()
-
-
-def _stage_and_schedule(spec, cfg, rank, world, device):
-    """This rank's stage of the seeded model (every rank builds the same one) and its schedule."""
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-
+def stage_of(cfg, rank, world, device):
+    """torch's pipelining engine (gpipe, 1f1b): this rank's stage of the seeded model, on its
+    device; every rank builds the same model and keeps its own part."""
     torch.manual_seed(cfg.seed)
-    model = resnet50(cfg.num_classes)
     placement = [device if r == rank else torch.device("cpu") for r in range(world)]
-    stage_module = split_into_stages(model, placement)[rank]
-    stage_module.train(spec["train_bn"])
-    stage = PipelineStage(stage_module, rank, world, device)
-    schedule_cls = ScheduleGPipe if spec["strategy"] == "gpipe" else Schedule1F1B
-    # Mean loss per micro-batch and gradients divided by their number (scale_grads): with equal
-    # micro-batches that is the whole batch's mean, as in `train`.
-    n_micro = cfg.batch_size // spec["split_size"]
-    schedule = schedule_cls(stage, n_microbatches=n_micro, loss_fn=nn.MSELoss())
-    return stage_module, schedule
-
-
-def _run_schedule(schedule, stage_module, cfg, rank, world, device, trace=None):
-    """`train`'s loop with the schedule's step: rank 0 feeds the inputs, the last rank the
-    labels (and gets the micro-batches' losses). `trace`: --profile's, this rank's."""
-    optimizer = optim.SGD(stage_module.parameters(), lr=cfg.lr)
-    inputs, labels = make_data(cfg, [device])
-
-    def barrier():
-        tdev.sync([device])
-        dist.barrier()
-
-    timer, losses = timing.Timer(barrier, warmup=cfg.warmup, trace=trace), []
-    for _ in range(cfg.warmup + cfg.repeats):
-        with timer.region():
-            for b in range(cfg.num_batches):
-                optimizer.zero_grad()
-                micro_losses = []
-                if rank == 0:
-                    schedule.step(inputs[b])
-                elif rank == world - 1:
-                    schedule.step(target=labels[b], losses=micro_losses)
-                    losses.append(torch.stack(micro_losses).mean().detach())
-                else:
-                    schedule.step()
-                optimizer.step()
-    return timer, losses
-
-
-if __name__ == "__main__" and sys.argv[1:2] == ["--pipelining-worker"]:
-    launch.worker_main(lambda argv: pipelining_worker(json.loads(argv[0])), sys.argv[2:])
+    return split_into_stages(resnet50(cfg.num_classes), placement)[rank]
