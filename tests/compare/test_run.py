@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from common import processes
-from compare import run, stream
+from compare import progress, run, stream
 from compare.run import Step
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -511,3 +511,120 @@ def _assert_ended(pids):
         except FileNotFoundError:
             continue
         assert state == "Z", f"process {pid} still runs (state {state})"
+
+
+# --- the plan's progress and the time left (compare/progress.py) ----------------------------------
+
+PROGRESS = re.compile(
+    r"^ *plan: (\d+) of (\d+) run\(s\) done in \d+ (s|min); "
+    r"(?:(?:about (\d+) min|under a minute) left \(estimated from .+\)|done)$"
+)
+
+
+def estimates(lines):
+    """(done, total, minutes left; 0 when done) of every progress line, checking its shape."""
+    found = []
+    for line in lines:
+        if "plan: " not in line or "run(s) done" not in line:
+            continue
+        m = PROGRESS.match(line)
+        assert m, f"not a progress line: {line!r}"
+        left = 0 if line.endswith("; done") else int(m[4] or 0)
+        found.append((int(m[1]), int(m[2]), left))
+    return found
+
+
+def cpu_plan():
+    return run.make_plan(run.ALL, WORKLOADS, "cpu", accelerators=0, cpu_bf16=False)
+
+
+def test_every_step_has_a_prior_that_the_preset_scales():
+    plan = cpu_plan()
+    cpu = [progress.prior(s, "cpu") for s in plan.steps]
+    smoke = [progress.prior(s, "smoke") for s in plan.steps]
+    assert all(p > 0 for p in cpu + smoke)
+    assert sum(smoke) < sum(cpu) / 10  # a smoke run takes seconds, a cpu run minutes
+    sweep = [s for s in plan.steps if "--sweep" in s.flags][0]
+    single = [s for s in plan.steps if s.workload == "resnet50" and not s.flags][0]
+    assert progress.prior(sweep, "cpu") > progress.prior(single, "cpu")
+    assert progress.prior(Step("jax", "lenet", 1, None, ()), "huge") == progress.UNKNOWN_PRIOR
+
+
+@pytest.mark.parametrize("slower", [1.0, 2.0, 0.5])
+def test_the_estimate_falls_as_runs_take_their_estimated_time(slower):
+    """Runs that take their priors times a constant factor: after the first run the estimate
+    is the priors left times that factor, and it never rises, never goes below 0, and is
+    `done` at the end."""
+    plan = cpu_plan()
+    p = progress.Progress.of(plan.steps, plan.preset)
+    first = p.left()
+    assert first == sum(p.priors) and "the preset's priors, before any run" in p.line()
+    seen = [estimates([p.line()])[0]]
+    for i, prior in enumerate(p.priors):
+        p.finish(prior * slower, ok=True)
+        assert p.left() == pytest.approx(slower * sum(p.priors[i + 1 :]))
+        assert p.left() >= 0
+        seen += estimates([p.line()])
+    assert seen[-1] == (len(plan.steps), len(plan.steps), 0) and p.line().endswith("; done")
+    lefts = [left for *_, left in seen[1:]]  # from the first measured run on
+    assert lefts == sorted(lefts, reverse=True) and lefts[0] > 0
+    assert seen[0][2] == -(-first // 60)  # minutes rounded up
+    assert [d for d, *_ in seen] == list(range(len(plan.steps) + 1))
+
+
+def test_failed_and_skipped_runs_do_not_rescale_the_priors():
+    p = progress.Progress([100.0, 100.0, 100.0])
+    p.finish(5.0, ok=False)  # failed at once: says nothing of this machine's speed
+    assert p.scale == 1.0 and p.left() == 200.0
+    p.finish(300.0, ok=True)
+    assert p.scale == 3.0 and p.left() == 300.0
+    assert p.line() == (
+        "plan: 2 of 3 run(s) done in 5 min; about 5 min left "
+        "(estimated from the priors scaled by the finished runs, x3.00)"
+    )
+    p.finish(0.0, ok=False)
+    assert p.line() == "plan: 3 of 3 run(s) done in 5 min; done"
+
+
+def test_make_compare_prints_the_progress_at_every_step(tmp_path):
+    """Through compare.run: a progress line after each step's head, the estimate never rising
+    while each run takes its prior, and `done` after the last."""
+    venv = fake_venv(tmp_path, frameworks=("torch", "jax"))
+    plan = run.make_plan(["torch", "jax", "mxnet"], ["lenet", "resnet18"], "cpu", 0, "cpu")
+    priors = iter(progress.Progress.of(plan.steps, "cpu").priors)
+    now = [0.0]
+
+    def runner(cmd, echo, timeout):
+        now[0] += next(priors)
+        return 0, [], ""
+
+    lines = []
+    outcomes = run.execute(
+        plan, str(tmp_path / "r.jsonl"), venv, lines.append, runner, clock=lambda: now[0]
+    )
+    assert len(outcomes) == len(plan.steps)
+    found = estimates(lines)
+    total = len(plan.steps)
+    assert [(d, t) for d, t, _ in found] == [(i, total) for i in range(total + 1)]
+    lefts = [left for *_, left in found]
+    assert lefts == sorted(lefts, reverse=True) and lefts[-1] == 0 and min(lefts) >= 0
+    assert lefts[len(lefts) // 2] < lefts[0]  # it falls, not only never rises
+    assert lines[-1] == f"plan: {total} of {total} run(s) done in {now[0] / 60:.0f} min; done"
+    # the mxnet steps have no environment here: skipped, each with its progress line after it
+    skipped = [i for i, line in enumerate(lines) if "SKIPPED" in line]
+    assert skipped and all("plan: " in lines[i + 1] for i in skipped)
+    first = lines.index(next(line for line in lines if line.startswith("[1/")))
+    assert lines[first + 1].startswith("    plan: 0 of ") and "before any run" in lines[first + 1]
+
+
+def test_dry_run_says_how_long_the_plan_should_take(tmp_path):
+    lines = []
+    run.main(
+        ["--dry-run", "--platform", "cpu", "--frameworks", "jax", "--workloads", "lenet",
+         "--preset", "cpu", "--results", str(tmp_path / "r.jsonl")],
+        echo=lines.append,
+    )  # fmt: skip
+    minutes = -(-sum(progress.PRIORS["lenet", "cpu"][:2]) // 60)
+    assert (
+        f"  time: about {minutes} min for all 2 step(s), estimated from the preset's" in lines[-1]
+    )
