@@ -13,7 +13,7 @@ from matplotlib.figure import Figure
 
 from compare import pipeline_model
 from compare.model_report import RowFit
-from compare.tables import DpRow, R50Row, device_counts
+from compare.tables import DpRow, R50Row, decimals, device_counts
 
 COLORS = {"torch": "#ee4c2c", "jax": "#4a7bd0", "mxnet": "#2ca02c"}
 MARKERS = "osD^vP*X"
@@ -25,10 +25,11 @@ def _figure(width: float = 7.5, height: float = 4.5) -> Figure:
     return fig
 
 
-def _save(fig: Figure, path: Path) -> Path:
+def _save(fig: Figure, path: Path, metadata: dict[str, str] | None = None) -> Path:
+    """`metadata`: PNG text chunks (the README's figure keeps its data in one)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, metadata=metadata)
     return path
 
 
@@ -86,6 +87,70 @@ def _ceiling_marks(ax, bars, rows: list[DpRow], ceilings: dict[tuple[str, str], 
             left, right = bar.get_x(), bar.get_x() + bar.get_width()
             ax.hlines(ceiling, left, right, "black", linewidth=2.5, label=label, gid="ceiling")
             label = "_nolegend_"
+
+
+def comparison(path: Path, figure: dict, metadata: dict[str, str] | None = None) -> Path | None:
+    """The README's figure (compare/figure.py's data): a panel per workload, a horizontal bar
+    per framework and path on one device (median sec/epoch, std as error bar; hatched:
+    extrapolated), each with its ceiling marked and labelled with its time and x ceiling."""
+    panels = figure["panels"]
+    if not panels:
+        return None
+    heights = [len(p["bars"]) + 1.5 for p in panels]
+    fig = _figure(8.5, 1.0 + 0.4 * sum(heights))
+    axes = fig.subplots(len(panels), 1, height_ratios=heights, squeeze=False)[:, 0]
+    for ax, p in zip(axes, panels, strict=True):
+        _comparison_panel(ax, p)
+    fig.suptitle(
+        f"Seconds per epoch on one device, {figure['machine']}\n"
+        "lower is faster; black line: the framework's own ceiling for the same step"
+    )
+    return _save(fig, path, metadata)
+
+
+def _comparison_panel(ax, panel: dict) -> None:
+    bars = panel["bars"]
+    y = np.arange(len(bars))
+    drawn = ax.barh(
+        y,
+        [b["sec_per_epoch"] for b in bars],
+        0.6,
+        xerr=[b["std"] for b in bars],
+        capsize=3,
+        ecolor="0.45",  # grey, so the black ceiling line stands out where the two meet
+        color=[_color(b["framework"], i) for i, b in enumerate(bars)],
+        edgecolor="black",
+        linewidth=0.5,
+    )
+    right = max(max(b["sec_per_epoch"] + b["std"], b["ceiling_sec_per_epoch"] or 0) for b in bars)
+    for rect, b in zip(drawn, bars, strict=True):
+        if b["extrapolated"]:
+            rect.set_hatch("//")
+        top = b["ceiling_sec_per_epoch"]
+        if top is not None:
+            low, high = rect.get_y() - 0.12, rect.get_y() + rect.get_height() + 0.12
+            ax.vlines(top, low, high, colors="black", linewidth=2.5, gid="ceiling")
+        ax.text(
+            max(b["sec_per_epoch"] + b["std"], top or 0) + 0.02 * right,
+            rect.get_y() + rect.get_height() / 2,
+            _bar_text(b),
+            va="center",
+            fontsize="small",
+        )
+    ax.set_yticks(y, [b["label"] for b in bars])
+    ax.invert_yaxis()  # the tables' order, top to bottom
+    ax.set_xlim(0, 1.4 * right)  # room for the labels past the longest bar
+    epochs = "/".join(map(str, panel["epochs"]))
+    ax.set_title(f"{panel['workload']}, {epochs} epochs", loc="left")
+    ax.set_xlabel("seconds per epoch (median over the epochs; error bar: std)")
+
+
+def _bar_text(b: dict) -> str:
+    t = b["sec_per_epoch"]
+    text = f"{t:.{decimals(t)}f} s" + ("*" if b["extrapolated"] else "")
+    if b["x_ceiling"] is not None:
+        text += f", {b['x_ceiling']:.2f}x ceiling"
+    return text
 
 
 def scaling(path: Path, title: str, rows: list[DpRow]) -> Path | None:
