@@ -5,7 +5,7 @@
 #   make bench FRAMEWORK=jax GPUS=2 [WORKLOAD=lenet] [PRESET=cpu] [PLATFORM=auto] [STRATEGY=...]
 #   make ceiling [FRAMEWORK=jax] [WORKLOAD=lenet] [PRESET=cpu] [RESULTS=..]   the framework's own
 #                                         tight-loop step of lenet and resnet18 on 1 device (GPUS ignored)
-#   make report | readme-tables | setup [FRAMEWORK=..] | lock [UPGRADE=1] | lint | info | clean
+#   make report | readme-tables | lessons | setup [FRAMEWORK=..] | lock [UPGRADE=1] | lint | info | clean
 
 SHELL := /bin/bash
 FRAMEWORKS := torch jax mxnet
@@ -56,7 +56,10 @@ lock_of = locks/$(if $(filter jax,$(1)),$(JAX_LOCK),$(1)).txt
 # (The grep drops pip's warning per package missing from a file:// index in pip.conf.)
 UV_VERSION := 0.13.9
 UV ?= $(VENV)/tools/bin/uv
+# (tools/venv.sh --check-python: a PYTHON given that does not run is an error here, not a setup
+# that goes on without uv, on another Python)
 $(VENV)/tools/bin/uv:
+	@PYTHON=$(PYTHON) tools/venv.sh --check-python
 	@echo "== installing uv $(UV_VERSION) into $(VENV)/tools"
 	@$(PYTHON) -m venv $(VENV)/tools && $(VENV)/tools/bin/pip install $(PIP_FLAGS) uv==$(UV_VERSION) 2>&1 \
 	  | { grep -v 'is neither a file nor a directory' || true; }; \
@@ -164,6 +167,12 @@ report: $(VENV)/base/.stamp
 .PHONY: readme-tables
 readme-tables: $(VENV)/base/.stamp
 	$(VENV)/base/bin/python -m compare.readme
+
+# Each workload's lesson, the three frameworks side by side, from the code (docs/lessons/; a
+# test fails when the committed pages differ: tests/common/test_lessons.py).
+.PHONY: lessons
+lessons: $(VENV)/base/.stamp
+	$(VENV)/base/bin/python -m tools.lessons
 
 # The main job: sets up what is missing, runs everything at the preset that fits the machine.
 compare: setup

@@ -190,10 +190,9 @@ def cores_allowed() -> int:
 def set_mxnet_threads() -> bool:
     """Give MXNet every CPU this process may use: OMP_NUM_THREADS, unless the user set it.
     Unset, MXNet computes with half of an x86 machine's CPUs, taking each for one of a core's
-    two hyperthreads (its src/engine/openmp.cc); on this project's 2-core VMs, one thread per
-    core, that left a core idle (MXNet's ResNet-18 forward and backward: 10.1 s, 6.07 s with
-    both; results/conv-grads-avx2-2core.jsonl). MXNet reads it once, when it loads: call this
-    before. True when this set it."""
+    two hyperthreads (its src/engine/openmp.cc); on a machine with one thread per core that
+    leaves half the cores idle. MXNet reads it once, when it loads: call this before. True when
+    this set it."""
     if os.environ.get(OMP_THREADS_ENV):
         return False
     os.environ[OMP_THREADS_ENV] = str(cores_allowed())

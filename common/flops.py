@@ -146,7 +146,7 @@ def achieved_tflops(train_flops_per_image: float, images_per_sec: float) -> floa
 # quotes tensor-core figures "with sparsity"; dense is half (its datasheets' footnote). The
 # documents below were read through copies that quote them; a figure no copy confirmed is left out.
 _PEAKS = {
-    # NVIDIA H100 Tensor Core GPU Architecture whitepaper v1.04 (2022), Table 3 (dense column).
+    # NVIDIA H100 Tensor Core GPU Architecture whitepaper v1.04, Table 3 (dense column).
     "H100 SXM": {"fp32": 66.9, "tf32": 494.7, "bf16": 989.4},
     "H100 PCIe": {"fp32": 51.2, "tf32": 378.0, "bf16": 756.0},
     # https://www.nvidia.com/en-us/data-center/h200/ (H200 SXM): FP32 67, TF32 989 and BF16

@@ -145,8 +145,8 @@ def main(args, plan, cfg, hooks, strategies, measure) -> None:
 def round_robin(split_sizes, warmup: int, repeats: int) -> list:
     """The split size of each repeat of a run: every split size's `warmup` repeats first,
     then `repeats` rounds that take each split size once. The speed of a shared machine drifts
-    (a 2-core CPU: 1.87 s and 2.53 s at the same split size in two sweeps minutes apart);
-    taken round-robin, a drift slows every split size alike instead of bending the curve."""
+    by tens of percent over minutes; taken round-robin, a drift slows every split size alike
+    instead of bending the curve."""
     return [s for s in split_sizes for _ in range(warmup)] + list(split_sizes) * repeats
 
 

@@ -7,7 +7,7 @@ closed ("B" ... "E"). For each trace in DIR this prints its span and, per proces
 GPU, whose threads are its streams) and per thread, how long something ran there (the union of
 its events) and the events with the most self time (their time less their children's). A GPU
 busy for most of the span runs its kernels back to back; one that idles waits for the host to
-launch them: the question a training loop slower than its ceiling asks (issue 12). Perfetto
+launch them: the question a training loop slower than its ceiling asks. Perfetto
 (ui.perfetto.dev) opens the same files for the whole picture.
 """
 

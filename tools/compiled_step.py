@@ -1,4 +1,4 @@
-"""Where torch's compiled ResNet-18 step loses time on one GPU (issue 12): the ceiling's step
+"""Where torch's compiled ResNet-18 step loses time on one GPU: the ceiling's step
 (resnet18.train_step on one fixed batch, the model torch.compiled as --compile compiles it)
 against the same step with one of the training loop's additions at a time, and against other
 ways of running the loss and the SGD update. `python -m tools.compiled_step [--amp bf16]`,
@@ -16,6 +16,7 @@ import statistics
 import sys
 import time
 
+import numpy as np
 import torch
 
 from common import config, data, processes, results, utilization
@@ -25,25 +26,25 @@ from torch_impl import resnet18
 PARTIAL = 96  # the full preset's last batch: 60000 = 234 x 256 + 96
 
 
-def _net(cfg, device):
+def _net(cfg, device, amp):
     """The ResNet-18 as the ceiling (and the training run) builds it on `device`."""
-    net = resnet18.init_weights(resnet18.resnet18(), cfg.init_std, cfg.seed).to(device)
+    net = resnet18.init_weights(resnet18.resnet18(amp=amp), cfg.init_std, cfg.seed).to(device)
     return tdev.gpu_layout(net, device)
 
 
 def build(cfg, device, amp, fused=False, compiled=True):
     """(net, step, warm-up calls per batch shape) as the ceiling builds its step; `fused`:
     torch's fused SGD kernel in place of its default (one foreach kernel per group of tensors)."""
-    net = _net(cfg, device)
+    net = _net(cfg, device, amp)
     calls = tdev.compile_model(net, device) if compiled else 1
     opt = torch.optim.SGD(net.parameters(), lr=cfg.lr, fused=fused or None)
-    return net, (lambda x, y: resnet18.train_step(net, opt, x, y, amp)), calls
+    return net, (lambda x, y: resnet18.train_step(net, opt, x, y)), calls
 
 
 def build_loss_in_graph(cfg, device, amp, compiled=True):
     """(net, step): the step with the loss compiled into the model's graph (its backward too),
     the model itself not compiled apart."""
-    net = _net(cfg, device)
+    net = _net(cfg, device, amp)  # autocast inside the model's forward, as in training
     opt = torch.optim.SGD(net.parameters(), lr=cfg.lr)
 
     def loss(x, y):
@@ -54,8 +55,7 @@ def build_loss_in_graph(cfg, device, amp, compiled=True):
     def step(x, y):
         torch.compiler.cudagraph_mark_step_begin()
         opt.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
-            value = loss(x, y)
+        value = loss(x, y)
         value.backward()
         opt.step()
         return value.detach()
@@ -67,7 +67,8 @@ def inputs(cfg, device, steps, fm):
     """The training and test sets (of `fm`, Fashion-MNIST) on the device, `steps` batch index
     tensors as the loop draws them, and the epoch's last, partial batch's indices."""
     ds = (fm.train_images, fm.train_labels, fm.test_images[:1024], fm.test_labels[:1024])
-    x_train, y_train, *test = resnet18._to_device(ds, device)  # as the training loop puts them
+    # as the training loop puts them
+    x_train, y_train, *test = tdev.to_device(data.as_float(ds, np.int64), device)
     order = data.batches(len(fm.train_labels), cfg.batch_size, cfg.seed, 0)
     sels = [torch.from_numpy(i).to(device) for i in order[:steps]]
     return x_train, y_train, test, sels, torch.arange(PARTIAL, device=device)
@@ -102,9 +103,9 @@ def variants(args, cfg, device, sampler, fm):
         plain(n - 1)
         step(x_train[part], y_train[part])
 
-    def evaluation():  # as the loop evaluates between epochs (untimed)
-        with torch.compiler.set_stance("force_eager"):
-            resnet18.evaluate(net, x_test, y_test, 256, amp)
+    def evaluation():  # as the loop evaluates between epochs (untimed, eagerly)
+        for i in range(0, len(y_test), 256):
+            resnet18.evaluate(net, x_test[i : i + 256], y_test[i : i + 256])
 
     nothing = lambda: None  # noqa: E731
     runs = {"ceiling step": (nothing, plain), "+ batch gather, loss sum": (nothing, gather)}

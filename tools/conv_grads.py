@@ -160,8 +160,8 @@ def measure(passes, sync, repeats, calls):
     """Seconds per call of each pass: `repeats` times the mean of `calls` calls in a row, each
     waited for (a step waits for the one before it), the passes taking turns so that a machine
     whose speed drifts slows them alike; one untimed call each first (compilation). Calls in a
-    row, because a single call right after another pass ran slower (torch's LeNet: 92 ms,
-    where 20 training steps in a row took 76 ms each, optimizer included)."""
+    row, because a single call right after another pass runs slower than a step of a training
+    loop does (caches and the allocator are cold)."""
     for f in passes.values():
         sync(f())
     times = {name: [] for name in passes}

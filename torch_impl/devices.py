@@ -81,7 +81,7 @@ def gpu_layout(net: torch.nn.Module, device: torch.device) -> torch.nn.Module:
 def compile_mode(device: torch.device, n_devices: int = 1) -> str:
     """torch.compile's mode for --compile. On one GPU, "reduce-overhead": Inductor's kernels
     and also CUDA graphs of the compiled forward and backward, one launch each instead of one
-    per kernel (issue 12, one H100, a ResNet-18 step: 9.64 ms compiled, 6.69 ms with graphs).
+    per kernel: the fastest step measured on one GPU (docs/results.md).
     Several devices keep "default": DDP's all-reduce hooks fire between the pieces of the
     backward, outside any graph, and lenet's devices take turns in one process, each with graphs
     of its own; neither combination is measured here. A CPU has no CUDA graphs."""

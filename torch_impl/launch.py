@@ -15,7 +15,14 @@ Several machines (resnet18 ddp): the same command on every node, with `--gpus` p
 R = 0 on HOST, whose torchrun hosts the rendezvous on port 29500, and 1 on the other. The world
 size is nnodes x G and the batch and lr scale with it; the record (extra.nnodes) is appended to
 `--results` on the node that torchrun makes rank 0 (c10d numbers the nodes itself). Two "nodes"
-on one machine work the same with HOST=127.0.0.1.
+on one machine work the same with HOST=127.0.0.1. What each node runs (through
+torch_impl/torchrun.py):
+
+  python -m torch.distributed.run --nnodes=2 --nproc-per-node=G --rdzv-backend=c10d \
+      --rdzv-endpoint=HOST:29500 --rdzv-id=multidevice \
+      --rdzv-conf=is_host=true,join_timeout=360,read_timeout=360 -m torch_impl ...
+
+(is_host=false on the other nodes).
 
 Several machines (resnet18 `--nnodes N --node-rank R --rdzv-endpoint HOST:PORT`): each node's
 torchrun joins a c10d rendezvous whose store node 0 hosts on HOST:PORT. torch's waits there end
@@ -288,13 +295,11 @@ def worker_main(entry) -> None:
 
 def exit_worker(code: int) -> None:
     """End a worker whose process group is gone, skipping the interpreter's shutdown. gloo's
-    threads outlive destroy_process_group (torch 2.11 and 2.15 keep the group), and one that
-    drops the last reference to a tensor Python made (a finished collective's) while the
-    interpreter shuts down cannot take the GIL: the thread exits inside a C++ destructor and the
-    process aborts (SIGABRT, "terminate called without an active exception"; a core dump's
-    stacks: Py_FinalizeEx in the main thread, ~AsyncAllgatherWork -> decref_pyobject ->
-    take_gil -> pthread_exit in gloo's). The worker's files are written and closed by now: the
-    streams are flushed and the process leaves at once, as a forked multiprocessing child does."""
+    threads outlive destroy_process_group, and one that drops the last reference to a tensor
+    Python made (a finished collective's) while the interpreter shuts down cannot take the GIL:
+    the process aborts (SIGABRT; docs/design.md, "Traps"). The worker's files are written and
+    closed by now: the streams are flushed and the process leaves at once, as a forked
+    multiprocessing child does."""
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed or broken stream: nothing to say
             stream.flush()

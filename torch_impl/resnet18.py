@@ -13,6 +13,7 @@ import copy
 import dataclasses
 import os
 from collections import OrderedDict
+from contextlib import nullcontext
 
 import numpy as np
 import torch
@@ -61,7 +62,8 @@ class ResNet18(nn.Sequential):
         self.amp = amp
 
     def forward(self, x):
-        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.amp):
+        bf16 = torch.autocast(x.device.type, dtype=torch.bfloat16) if self.amp else nullcontext()
+        with bf16:
             for layer in self:
                 x = layer(x)
         return x

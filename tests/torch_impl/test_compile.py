@@ -18,9 +18,9 @@ import torch
 import torch.distributed as dist
 from torch._dynamo.utils import counters
 
-from common import cli, config, devices
+from common import cli, config, devices, harness
 from tests.fixtures import make_resnet18_parity as parity
-from tests.fixtures import numerics
+from tests.fixtures import numerics, runs
 from torch_impl import devices as tdev
 from torch_impl import resnet18 as r18
 
@@ -74,10 +74,9 @@ def test_compiled_steps_losses_match_eager_float64(device):
         want = _loss64(weights, x, y)
         moved = numerics.perturb({**weights, "input": x})
         off = _loss64(moved, moved.pop("input"), y)
-        numerics.check_float32(
-            f"torch resnet18 compiled ({device}) float32 loss, step {step + 1}", got, want,
-            numerics.rel_error(off, want), parity.STAGES, BATCH * 28 * 28,
-        )  # fmt: skip
+        name = f"torch resnet18 compiled ({device}) float32 loss, step {step + 1}"
+        sensitivity = numerics.rel_error(off, want)
+        numerics.check_float32(name, got, want, sensitivity, parity.STAGES, BATCH * 28 * 28)
     assert all(torch.isfinite(p).all() for p in net.parameters())  # the steps' updates ran
 
 
@@ -101,9 +100,8 @@ def test_compile_mode_captures_cuda_graphs_on_one_gpu_only(monkeypatch):
 def test_compiled_model_is_one_static_graph_per_batch_shape():
     """compile_model traces the whole network as one graph, specialised to each batch shape
     (three shapes: three graphs; without dynamic=False the second and third share a symbolic
-    one). On one H100 (issue 12) torch 2.11 compiled a plain nn.Sequential block by block, 8
-    graphs with the stem and head eager, as slow as eager: this fails on that model there.
-    Forward only, without autograd: three small graphs to build on 2 CPU cores."""
+    one). torch 2.11 compiled a plain nn.Sequential block by block, the stem and head eager:
+    this fails on that model there. Forward only, without autograd: three small graphs."""
     torch._dynamo.reset()
     counters.clear()
     net = _net()
@@ -121,7 +119,7 @@ def test_compiled_ddp_smoke_run_is_recorded_compiled_with_compile_time_in_warm_u
     """One DDP rank (gloo, world size 1) in this process, as torchrun's worker runs it, with the
     net narrowed to width 4."""
     full, step = r18.resnet18, r18.train_step
-    monkeypatch.setattr(r18, "resnet18", lambda: full(width=WIDTH))
+    monkeypatch.setattr(r18, "resnet18", lambda amp=False: full(width=WIDTH, amp=amp))
     graphs = []  # graphs compiled so far, after each step: warm-up first, then the epoch's
 
     def counted_step(*a, **kw):
@@ -137,7 +135,8 @@ def test_compiled_ddp_smoke_run_is_recorded_compiled_with_compile_time_in_warm_u
     cli.check_compile("torch", args, plan.count)  # accepted
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdzv'}", rank=0, world_size=1)
     try:
-        r18._run(args, plan, cli.config_of(args), "ddp", [torch.device("cpu")])
+        hooks = harness.Hooks("torch", tdev)
+        r18._run(args, plan, cli.config_of(args), hooks, "ddp", [torch.device("cpu")])
     finally:
         dist.destroy_process_group()
     (rec,) = [json.loads(line) for line in path.read_text().splitlines()]
@@ -163,8 +162,10 @@ def test_compiled_dataparallel_on_one_device_trains():
     labels = rng.integers(0, 10, 96)
     cfg = config.get_config("resnet18", "smoke", batch_size=BATCH, epochs=2)
     ds = (images, labels, images[:32], labels[:32])
-    cpu = torch.device("cpu")
-    log, timer = r18.train(_net(), cfg, ds, [cpu], "dataparallel", compiled=True)
+    cpu, net = torch.device("cpu"), _net()
+    run = runs.run_for("resnet18", cfg, ds, [cpu], calls=tdev.compile_model(net, cpu))
+    r18.train(net, cfg, ds, r18.data_parallel, run)
+    log, timer = run.epoch_log, run.timer
     assert len(log.train_loss) == 2 and np.isfinite(log.train_loss).all()
     assert log.timed_steps == [cfg.steps_per_epoch] * 2
     assert timer.warmup_seconds > 0 and len(timer.times) == 2

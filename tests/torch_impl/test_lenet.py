@@ -9,6 +9,7 @@ import torch
 from common import cli, config, data, devices, results
 from tests.fixtures import lenet_reference as ref
 from tests.fixtures import make_lenet_parity, numerics
+from torch_impl import __main__ as tmain
 from torch_impl import devices as tdev
 from torch_impl import lenet
 
@@ -165,7 +166,7 @@ def test_compiled_smoke_run_compiles_in_the_warm_up_only(tmp_path, monkeypatch):
     monkeypatch.setattr(lenet, "train_batch", counted)
     torch._dynamo.reset()
     counters.clear()
-    assert cli.run("torch", argv(tmp_path, "--compile")) == 0
+    assert tmain.run(argv(tmp_path, "--compile")) == 0
     (rec,) = results.load(tmp_path / "r.jsonl")
     assert rec.extra["compiled"] is True and rec.extra["compile_mode"] == "default"
     assert rec.extra["cudagraph_skips"] == 0 and np.isfinite(rec.train_loss).all()
@@ -179,16 +180,14 @@ def test_compiled_smoke_run_compiles_in_the_warm_up_only(tmp_path, monkeypatch):
 
 
 def argv(tmp_path, *extra):
-    return [
-        "--workload", "lenet", "--platform", "cpu", "--preset", "smoke", "--no-progress",
-        "--results", str(tmp_path / "r.jsonl"), *extra,
-    ]  # fmt: skip
+    common = ["--workload", "lenet", "--platform", "cpu", "--preset", "smoke", "--no-progress"]
+    return [*common, "--results", str(tmp_path / "r.jsonl"), *extra]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("n", [1, pytest.param(2, marks=pytest.mark.multi_device)])
 def test_smoke_run_writes_one_valid_record(tmp_path, capsys, n):
-    assert cli.run("torch", argv(tmp_path, "--gpus", str(n))) == 0
+    assert tmain.run(argv(tmp_path, "--gpus", str(n))) == 0
     (rec,) = results.load(tmp_path / "r.jsonl")
     cfg = config.get_config("lenet", "smoke")
     assert (rec.framework, rec.strategy, rec.devices, rec.virtual) == ("torch", "scratch", n, True)
@@ -197,9 +196,8 @@ def test_smoke_run_writes_one_valid_record(tmp_path, capsys, n):
     assert rec.images_per_sec == pytest.approx(cfg.train_subset / rec.sec_per_epoch["median"])
     # Accuracy is an exact count over the test subset; the loss is per sample, near ln(10) at
     # the start of training with init std 0.01.
-    assert (rec.test_acc * cfg.test_subset).is_integer() and rec.test_acc == rec.test_acc_per_epoch[
-        -1
-    ]
+    assert (rec.test_acc * cfg.test_subset).is_integer()
+    assert rec.test_acc == rec.test_acc_per_epoch[-1]
     assert abs(rec.train_loss[0] - np.log(10)) < 0.01
     out = capsys.readouterr().out.strip().splitlines()
     assert re.fullmatch(
@@ -220,7 +218,7 @@ def test_smoke_run_writes_one_valid_record(tmp_path, capsys, n):
     ],
 )
 def test_bad_input_is_one_clear_line_and_no_record(tmp_path, capsys, extra, message):
-    assert cli.run("torch", argv(tmp_path, *extra)) == cli.EXIT_BAD_INPUT
+    assert tmain.run(argv(tmp_path, *extra)) == cli.EXIT_BAD_INPUT
     last = capsys.readouterr().err.splitlines()[-1]  # after the virtual-device note, if any
     assert last.startswith("error: ") and message in last
     assert not (tmp_path / "r.jsonl").exists()
@@ -228,10 +226,10 @@ def test_bad_input_is_one_clear_line_and_no_record(tmp_path, capsys, extra, mess
 
 def test_unknown_preset_is_refused_without_a_record(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:  # the command line refuses it ...
-        cli.run("torch", [*argv(tmp_path), "--preset", "huge"])
+        tmain.run([*argv(tmp_path), "--preset", "huge"])
     assert e.value.code == 2 and "invalid choice: 'huge'" in capsys.readouterr().err
     args = cli.parser("torch").parse_args(argv(tmp_path))
     args.preset = "huge"  # ... and so does main, called directly
     with pytest.raises(config.ConfigError, match="unknown preset 'huge'"):
-        lenet.main(args, devices.DevicePlan(1, "cpu", virtual=True), cli.config_of(args))
+        lenet.main(args, devices.DevicePlan(1, "cpu", virtual=True), cli.config_of(args), None)
     assert not (tmp_path / "r.jsonl").exists()

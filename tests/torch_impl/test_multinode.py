@@ -1,5 +1,5 @@
-"""Several machines (issue 15, "nothing lost, nothing hangs"): the project command documented in
-torch_impl/resnet18.py, run as written there (read from the docstring, HOST set to 127.0.0.1,
+"""Several machines ("nothing lost, nothing hangs"): the project command documented in
+torch_impl/launch.py, run as written there (read from the docstring, HOST set to 127.0.0.1,
 each "node" a process of this machine): a busy port and a missing node end in one line within
 their bound, two nodes train and write one record, Ctrl-C stops every process."""
 
@@ -22,7 +22,7 @@ from tests.fixtures import interrupt, numerics
 from torch_impl import launch
 
 ROOT = Path(__file__).resolve().parents[2]
-DOC = ast.get_docstring(ast.parse((ROOT / "torch_impl" / "resnet18.py").read_text()))
+DOC = ast.get_docstring(ast.parse((ROOT / "torch_impl" / "launch.py").read_text()))
 
 
 def replace(text: str, old: str, new: str) -> str:
@@ -77,7 +77,7 @@ def ends_in_one_line(proc: subprocess.Popen, timeout: float) -> tuple[str, float
 def test_the_documented_torchrun_command_is_what_the_launcher_runs():
     text = block("python -m torch.distributed.run")
     nodes = launch.Nodes(2, 0, "HOST:29500", cli.RDZV_TIMEOUT_S)
-    for option in [*nodes.torchrun_options(), "--nproc-per-node=G", "-m torch_impl.resnet18"]:
+    for option in [*nodes.torchrun_options(), "--nproc-per-node=G", "-m torch_impl "]:
         assert option in text, f"the docstring's torchrun command lacks {option}"
 
 
@@ -146,10 +146,12 @@ def test_two_nodes_on_localhost_match_one_node(tmp_path, smoke_ddp):
     assert rec["test_acc"] == one["test_acc"]
 
 
-def _processes_of(marker: str, modules=(b"torch_impl.torchrun", b"torch_impl.resnet18")):
+def _processes_of(marker: str, workers_only=False):
     """The torchruns and workers of the run whose results path is `marker` (not the
-    launchers)."""
-    return interrupt.processes_of(marker, modules)
+    launchers); a worker is `python -m torch_impl` in torchrun's environment."""
+    workers = interrupt.workers_of(marker, b"TORCHELASTIC_RUN_ID")
+    torchruns = [] if workers_only else interrupt.processes_of(marker, (b"torch_impl.torchrun",))
+    return torchruns + workers
 
 
 @pytest.mark.slow
@@ -163,10 +165,10 @@ def test_ctrl_c_stops_every_process_of_the_node(tmp_path):
     long = ["--epochs", "1000"]
     procs = [start(documented_command(port, r, path, timeout=120) + long) for r in (0, 1)]
     try:
-        deadline, workers = time.monotonic() + 120, [b"torch_impl.resnet18"]
-        while len(_processes_of(str(path), workers)) < 2 and time.monotonic() < deadline:
+        deadline = time.monotonic() + 120
+        while len(_processes_of(str(path), True)) < 2 and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert len(_processes_of(str(path), workers)) == 2, "the workers never started"
+        assert len(_processes_of(str(path), True)) == 2, "the workers never started"
         procs[0].send_signal(signal.SIGINT)
         _, err = procs[0].communicate(timeout=90)
         assert procs[0].returncode == cli.EXIT_INTERRUPTED, err
@@ -189,7 +191,7 @@ def test_workers_left_by_torchrun_are_killed_and_only_they(tmp_path):
     """launch._kill_workers: a worker (launch.worker_main wrote its pid) that outlived torchrun
     is killed; a process whose environment does not name the same file is left alone."""
     pids = tmp_path / "pids"
-    code = "from torch_impl import launch; import time; launch.worker_main(time.sleep, 60)"
+    code = "from torch_impl import launch; import time; launch.worker_main(lambda: time.sleep(60))"
     env = {**os.environ, "PYTHONPATH": str(ROOT), launch.PIDS_FILE_ENV: str(pids)}
     worker = subprocess.Popen([sys.executable, "-c", code], env=env)
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
@@ -231,13 +233,13 @@ def test_a_worker_ends_with_exit_worker_and_its_code(monkeypatch, tmp_path, rais
     def exit_(c):
         raise Exited(c)
 
-    def entry(argv):
+    def entry():
         if raised is not None:
             raise raised
 
     monkeypatch.setattr(launch.os, "_exit", exit_)
     with pytest.raises(Exited) as e:
-        launch.worker_main(entry, [])
+        launch.worker_main(entry)
     assert e.value.args == (code,)
     assert left in (error_file.read_text() if error_file.exists() else "")
 
@@ -245,7 +247,7 @@ def test_a_worker_ends_with_exit_worker_and_its_code(monkeypatch, tmp_path, rais
 def test_a_bug_in_a_worker_keeps_its_traceback(monkeypatch):
     monkeypatch.setattr(launch.os, "_exit", lambda c: pytest.fail("a bug must not exit quietly"))
     with pytest.raises(ZeroDivisionError):
-        launch.worker_main(lambda argv: 1 / 0, [])
+        launch.worker_main(lambda: 1 / 0)
 
 
 def test_exit_worker_flushes_what_the_worker_printed():

@@ -5,8 +5,9 @@ import argparse
 import pytest
 import torch
 
-from common import profiling
+from common import harness, profiling
 from tests.fixtures import profile_checks
+from torch_impl import devices as tdev
 
 
 def test_a_profiled_lenet_run_traces_its_first_timed_epoch_and_ceiling_repeat(tmp_path):
@@ -27,7 +28,8 @@ def test_a_profiled_gpipe_run_traces_one_timed_repeat_per_stage(tmp_path):
 
 def test_a_sweep_traces_each_split_size_to_a_file_of_its_own(tmp_path):
     args = argparse.Namespace(workload="resnet50", profile=str(tmp_path / "p"))
-    traces = profiling.resnet50_traces("torch", args, "pipeline", (1, 2), sweep=True)
+    hooks = harness.Hooks("torch", tdev)
+    traces = profiling.resnet50_traces(hooks, args, "pipeline", (1, 2), sweep=True)
     for trace in traces.values():
         with trace():
             torch.ones(2).sum()
@@ -35,9 +37,8 @@ def test_a_sweep_traces_each_split_size_to_a_file_of_its_own(tmp_path):
     assert names == [
         f"torch-resnet50-pipeline-split{s}.{e}" for s in (1, 2) for e in ("json", "txt")
     ]
-    assert profiling.resnet50_traces(
-        "torch", argparse.Namespace(profile=None), "single", (None,), False
-    ) == {None: None}
+    none = argparse.Namespace(profile=None)
+    assert profiling.resnet50_traces(hooks, none, "single", (None,), False) == {None: None}
 
 
 @pytest.mark.gpu

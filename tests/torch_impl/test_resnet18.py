@@ -15,9 +15,11 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from common import cli, config, data, devices, weights
-from tests.fixtures import gpu_checks, numerics
+from tests.fixtures import gpu_checks, numerics, runs
+from torch_impl import devices as tdev
 from torch_impl import launch
 from torch_impl import resnet18 as r18
 
@@ -95,16 +97,15 @@ def _ddp_rank(rank, world, init_file, out):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     torch.set_num_threads(1)
     x, y, steps = _batches()
-    net = r18.ddp(_bn_free_net(), torch.device("cpu"))
-    opt = r18.make_optimizer(net, 0.1)
-    for idx in steps:
-        part = data.shard_batch(idx, world)[rank]
-        r18.train_step(net, opt, torch.from_numpy(x[part]), torch.from_numpy(y[part]))
+    net = _bn_free_net()
+    _, shard, step, _, _ = r18.ddp(net, r18.make_optimizer(net, 0.1), [torch.device("cpu")])
+    for part in shard(steps):  # this rank's row of each global batch
+        step(torch.from_numpy(x), torch.from_numpy(y), part)
     if rank == 0:
-        np.savez(out, **r18.get_weights(getattr(net, "module", net)))
+        np.savez(out, **r18.get_weights(net))
     # As in the worker: DDP (its reducer) goes before the group, the ranks meet first, and the
     # rank leaves without the interpreter's shutdown, which gloo's threads can abort.
-    del net, opt
+    del step, shard
     launch.end_process_group()
     launch.exit_worker(0)
 
@@ -134,9 +135,11 @@ def _wrapped(rank, world, init_file, out):
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     net = _bn_free_net()
-    wrapped = r18.ddp(net, torch.device("cpu"))
+    step = r18.ddp(net, r18.make_optimizer(net, 0.1), [torch.device("cpu")])[2]
+    trains = [c.cell_contents for c in step.__closure__ if isinstance(c.cell_contents, nn.Module)]
     if rank == 0:
-        Path(out).write_text(type(wrapped).__name__ if wrapped is not net else "plain")
+        Path(out).write_text(type(trains[0]).__name__ if trains[0] is not net else "plain")
+    del step, trains
     launch.end_process_group()
     launch.exit_worker(0)
 
@@ -152,9 +155,9 @@ def test_ddp_wraps_the_module_only_when_there_is_something_to_all_reduce(tmp_pat
     assert out.read_text() == expected
 
 
-def test_a_ranks_rows_come_from_one_host_to_device_copy():
-    steps = [np.array([7, 1, 4, 0]), np.array([2, 9])]
-    got = r18._rows(steps, 1, 2, torch.device("cpu"))
+def test_an_epochs_indices_come_from_one_host_to_device_copy():
+    rows = [data.shard_batch(b, 2)[1] for b in (np.array([7, 1, 4, 0]), np.array([2, 9]))]
+    got = tdev.one_copy(rows, torch.device("cpu"))
     assert [sel.tolist() for sel in got] == [[4, 0], [9]]
     assert got[0].untyped_storage().data_ptr() == got[1].untyped_storage().data_ptr()
 
@@ -183,17 +186,18 @@ def test_dataparallel_is_refused_without_cuda():
     plan = devices.DevicePlan(2, "cpu", True)
     with pytest.raises(config.ConfigError, match="needs CUDA"):
         args = _args(strategy="dataparallel")
-        r18.main(args, plan, cli.config_of(args))
+        r18.main(args, plan, cli.config_of(args), None)
     with pytest.raises(config.ConfigError, match="unknown resnet18 strategy"):
-        r18.main(_args(strategy="pmap"), plan, cli.config_of(_args()))
+        r18.main(_args(strategy="pmap"), plan, cli.config_of(_args()), None)
 
 
 def test_bf16_autocast_step_runs_and_learns():
     x, y, _ = _batches()
-    net = r18.init_weights(r18.resnet18(width=4), 0.1, 0)
+    net = r18.init_weights(r18.resnet18(width=4, amp=True), 0.1, 0)
     opt = r18.make_optimizer(net, 0.5)
     xt, yt = torch.from_numpy(x).float(), torch.from_numpy(y)
-    losses = [float(r18.train_step(net, opt, xt, yt, amp=True)) for _ in range(5)]
+    assert net(xt).dtype == torch.bfloat16  # autocast around the forward
+    losses = [float(r18.train_step(net, opt, xt, yt)) for _ in range(5)]
     assert np.isfinite(losses).all() and losses[-1] < losses[0]
 
 
@@ -253,7 +257,7 @@ def _kill_rank(rank, marker, timeout):
                 env = (proc / "environ").read_bytes().split(b"\0")
             except OSError:
                 continue  # gone, or not ours to read
-            worker = b"torch_impl.resnet18" in cmd and marker.encode() in cmd
+            worker = b"torch_impl" in cmd and marker.encode() in cmd
             if worker and f"RANK={rank}".encode() in env:
                 os.kill(int(proc.name), signal.SIGKILL)
                 return True
@@ -273,18 +277,17 @@ def test_warm_up_steps_leave_the_initial_weights():
     def fresh():
         return r18.init_weights(r18.resnet18(width=4), 0.1, 0)
 
-    net, cpu = fresh(), torch.device("cpu")
+    net, cpu, ds = fresh(), torch.device("cpu"), (images, labels, images, labels)
     # One CPU "device" under nn.DataParallel without CUDA: the plain module, as the test wants.
-    log, _ = r18.train(net, cfg, (images, labels, images, labels), [cpu], "dataparallel")
+    run = runs.run_for("resnet18", cfg, ds, [cpu])
+    r18.train(net, cfg, ds, r18.data_parallel, run)
+    log = run.epoch_log
     ref = fresh()
     opt = r18.make_optimizer(ref, cfg.lr)
     x = torch.from_numpy(data.to_float(images))
     y = torch.from_numpy(labels.astype(np.int64))
     steps = data.batches(20, 8, cfg.seed, 0)
-    total = sum(
-        float(r18.train_step(ref, opt, x[sel], y[sel])) * len(sel)
-        for sel in r18._rows(steps, 0, 1, cpu)
-    )
+    total = sum(float(r18.train_step(ref, opt, x[sel], y[sel])) * len(sel) for sel in steps)
     assert log.timed_steps == [3] and len(log.sec_per_epoch) == 1
     # The same float32 steps from the same weights: the weights are bitwise those of `ref`; the
     # epoch loss sums 3 float32 step losses where `total` sums float64s (rule 3).

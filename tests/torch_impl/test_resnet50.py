@@ -1,18 +1,22 @@
 import argparse
 import dataclasses
 import json
+import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from common import cli, config, devices, stages, weights
+from common import cli, config, devices, harness, stages, weights
 from tests.fixtures import make_resnet50_fixture as gen
 from tests.fixtures import numerics
+from torch_impl import devices as tdev
+from torch_impl import pipelining
 from torch_impl import resnet50 as r50
 
 DEVS = [torch.device("cpu")] * 2
+HOOKS = harness.Hooks("torch", tdev)
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 BATCH = 4
 
@@ -159,9 +163,9 @@ def test_bad_split_sizes_are_clear_errors(data, start):
     with pytest.raises(config.ConfigError, match="split_size must be between 1"):
         make("pipeline", start, False, split=BATCH + 1)(data[0])
     with pytest.raises(config.ConfigError, match="must divide"):
-        r50.check_pipelining("gpipe", 2, 3, BATCH)
+        pipelining.check("gpipe", 2, 3, BATCH)
     with pytest.raises(config.ConfigError, match="at least 2 micro-batches"):
-        r50.check_pipelining("1f1b", 2, BATCH, BATCH)
+        pipelining.check("1f1b", 2, BATCH, BATCH)
 
 
 def _fixture_forward(dtype):
@@ -218,7 +222,7 @@ def read(path):
 def test_main_default_and_sweep_write_records(tmp_path):
     plan = devices.DevicePlan(2, "cpu", True)
     args = args_for(tmp_path, batch_size=3, split_size=2)
-    r50.main(args, plan, cli.config_of(args))
+    r50.main(args, plan, cli.config_of(args), HOOKS)
     recs = read(args.results)
     assert [r["strategy"] for r in recs] == ["single", "model_parallel", "pipeline"]
     assert recs[0]["devices"] == 1 and recs[2]["split_size"] == 2
@@ -229,7 +233,7 @@ def test_main_default_and_sweep_write_records(tmp_path):
         assert e["memory_source"] == "param_grad_bytes" and len(e["stage_peak_memory_bytes"]) == 2
     assert all(r["images_per_sec"] > 0 and r["seconds"]["n"] == 1 for r in recs)
     sweep = args_for(tmp_path, sweep=True)
-    r50.main(sweep, plan, cli.config_of(sweep))  # split sizes 1, 2, 4 of batch 4
+    r50.main(sweep, plan, cli.config_of(sweep), HOOKS)  # split sizes 1, 2, 4 of batch 4
     sweep = read(args.results)[3:]
     assert [(r["strategy"], r["split_size"], r["extra"]["sweep"]) for r in sweep] == [
         ("pipeline", s, True) for s in (1, 2, 4)
@@ -244,7 +248,7 @@ def test_sweep_takes_the_split_sizes_round_robin(tmp_path):
     model, seen = r50.build("pipeline", DEVS, 1, cfg.num_classes), []
     forward = model.forward
     model.forward = lambda x: seen.append(model.split_size) or forward(x)
-    runs = r50.train(model, cfg, DEVS, split_sizes=(1, 2, 4))
+    runs = r50.train(model, cfg, DEVS, stages.Repeats(cfg, (1, 2, 4))).results()
     order = stages.round_robin((1, 2, 4), cfg.warmup, cfg.repeats)
     assert seen == [s for s in order for _ in range(cfg.num_batches)]
     assert {s: len(t.times) for s, (t, _) in runs.items()} == {1: 2, 2: 2, 4: 2}
@@ -256,9 +260,11 @@ def test_one_gpu_runs_pipeline_with_both_stages_on_it(tmp_path):
     record says so (it measures the per-micro-batch overhead, not overlap)."""
     plan = devices.DevicePlan(1, "gpu", False)
     args = args_for(tmp_path, gpus=1, strategy="pipeline", split_size=2)
-    [rec] = r50.run_strategy(args, plan, cli.config_of(args), DEVS[:1], "pipeline", (2,))
-    assert rec.devices == 1 and rec.split_size == 2
-    assert rec.extra["stages_share_device"] is True and rec.extra["num_stages"] == 2
+    one_cpu = types.SimpleNamespace(**{**vars(tdev), "get_devices": lambda plan: DEVS[:1]})
+    r50.main(args, plan, cli.config_of(args), harness.Hooks("torch", one_cpu))
+    [rec] = read(args.results)
+    assert rec["devices"] == 1 and rec["split_size"] == 2
+    assert rec["extra"]["stages_share_device"] is True and rec["extra"]["num_stages"] == 2
 
 
 def test_main_refuses_bad_requests_before_writing(tmp_path):
@@ -275,7 +281,7 @@ def test_main_refuses_bad_requests_before_writing(tmp_path):
         if "between" in message:
             args.batch_size = 3
         with pytest.raises(config.ConfigError, match=message):
-            r50.main(args, plan, cli.config_of(args))
+            r50.main(args, plan, cli.config_of(args), HOOKS)
     assert not Path(args.results).exists()
 
 
@@ -287,7 +293,8 @@ def _single_losses(cfg, dtype, moved=False):
     model = r50.resnet50().to(dtype)
     if moved:
         r50.set_weights(model, numerics.perturb(r50.get_weights(model)))
-    [(_, losses)] = r50.train(model, cfg, DEVS[:1], train_bn=False).values()
+    repeats = r50.train(model, cfg, DEVS[:1], stages.Repeats(cfg), train_bn=False)
+    [(_, losses)] = repeats.results().values()
     return losses
 
 
@@ -302,13 +309,13 @@ def test_pipelining_engine_matches_single(strategy):
     step's gradient, which jumps at ReLU kinks; at lr 0.001 such a jump moves that loss by
     about lr * |g| * |jump| / loss, below 1e-9 here: far inside the limit."""
     cfg = dataclasses.replace(smoke_cfg(image_size=32), num_batches=2, warmup=0)
-    plan = devices.DevicePlan(2, "cpu", True)
-    out = r50.launch_pipelining(cfg, plan, strategy, split_size=2, train_bn=False)
+    repeats = stages.Repeats(cfg, (2,))
+    extra = pipelining.launch_stages(cfg, DEVS[:1] * 2, strategy, repeats, train_bn=False)
     want = _single_losses(cfg, torch.float64)
     off = _single_losses(cfg, torch.float64, moved=True)
-    assert len(out["losses"]) == len(want) == 2
-    for step, (got, exact, moved) in enumerate(zip(out["losses"], want, off, strict=True)):
+    assert len(repeats.losses[2]) == len(want) == 2
+    for step, (got, exact, moved) in enumerate(zip(repeats.losses[2], want, off, strict=True)):
         sensitivity = numerics.rel_error(moved, exact)
         name = f"torch resnet50 {strategy} loss {step + 1}"
         numerics.check_float32(name, got, exact, sensitivity, 2 * gen.STAGES, gen.REDUCTION)
-    assert out["extra"]["stage_params"] == [1_444_928, 24_112_104]
+    assert extra["stage_params"] == [1_444_928, 24_112_104]
