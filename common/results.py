@@ -1,13 +1,15 @@
 """Result records, an append-only JSON Lines store, and environment metadata (docs/design.md).
 
-One run appends one line. An append is a single `write` of the whole line on a file opened with
-O_APPEND, under an exclusive lock, so concurrent writers and an interrupted run never leave half
+One run appends one line. An append writes the whole line at the end of a file opened with
+O_APPEND, under an exclusive lock, and cuts the file back to its old size if any of it fails (a
+full disk, an interrupt), so concurrent writers and a failed or interrupted run never leave half
 a line; the loader names the file and line of anything it cannot read.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import fcntl
 import json
 import math
@@ -96,30 +98,66 @@ def utc_now() -> str:
 
 
 def append(record: Record, path: str | os.PathLike = DEFAULT_PATH) -> Path:
-    """Append `record` as one line: one locked O_APPEND write, so never a half line."""
+    """Append `record` as one line, all or nothing (append_line)."""
     return append_line(record.to_dict(), path)
 
 
 def append_line(data: dict, path: str | os.PathLike) -> Path:
-    """Append `data` (a record's dict, or a probe's) to `path` as `append` does."""
+    """Append `data` (a record's dict, or a probe's) to `path` as one line, under an exclusive
+    lock: all of it or, on a failed write (a full disk), none of it and a ResultsError."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     # A diverged run's nan/inf become null: JSON has no such numbers, and the record is kept.
     line = (json.dumps(_finite(data), sort_keys=True, allow_nan=False) + "\n").encode()
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise ResultsError(_not_written(path, e)) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         # A previous writer killed mid-write (not by us) could leave no newline; start fresh.
         size = os.fstat(fd).st_size
         if size and os.pread(fd, 1, size - 1) != b"\n":
             line = b"\n" + line
-        written = os.write(fd, line)
-        if written != len(line):
-            raise ResultsError(f"{path}: short write ({written} of {len(line)} bytes)")
-        os.fsync(fd)
+        _write_whole(fd, line, size, path)
     finally:
         os.close(fd)  # closing releases the lock
     return path
+
+
+def _write_whole(fd: int, line: bytes, size: int, path: Path) -> None:
+    """Write `line` at the end of `fd` (`size` bytes before it) and sync it; on any failure,
+    an interrupt included, cut the file back to `size`, so no part of the line stays."""
+    done = 0
+    try:
+        while done < len(line):
+            written = os.write(fd, line[done:])
+            if written <= 0:  # a regular file takes nothing only when it cannot grow
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            done += written
+        os.fsync(fd)  # a network or full filesystem may say only here that the data is lost
+    except BaseException as e:
+        try:
+            os.ftruncate(fd, size)
+        except OSError as cut:
+            raise ResultsError(
+                f"{_not_written(path, e)}; and the part written could not be removed "
+                f"({cut.strerror}): delete the last line of {path} by hand"
+            ) from None
+        if isinstance(e, OSError):
+            raise ResultsError(_not_written(path, e)) from None
+        raise
+
+
+def _not_written(path: Path, e: OSError) -> str:
+    """One line: why the record is not in `path`, and what to do."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        what = "no space left on device" if e.errno == errno.ENOSPC else "disk quota exceeded"
+        return f"{what} writing {path}: the record was not written; free space and run again"
+    return (
+        f"cannot write {path} ({e.strerror or e}): the record was not written; "
+        "choose another --results (RESULTS=) and run again"
+    )
 
 
 def _finite(value):

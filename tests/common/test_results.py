@@ -1,3 +1,4 @@
+import errno
 import json
 import multiprocessing
 import os
@@ -163,3 +164,78 @@ def test_appending_to_a_committed_results_file_is_not_dirty(tmp_path, monkeypatc
     assert results.git_commit() == clean
     (tmp_path / "common" / "code.py").write_text("x = 2\n")
     assert results.git_commit() == clean + "-dirty"
+
+
+# --- a full disk: the append is all or nothing ----------------------------------------------------
+
+
+def failing_writes(monkeypatch, path, *steps):
+    """os.write on `path` follows `steps`, one per call: a number writes that many bytes of what
+    it is given, an exception is raised; other files are written as usual."""
+    write, todo = os.write, list(steps)
+
+    def fake(fd, data):
+        if todo and os.readlink(f"/proc/self/fd/{fd}") == str(path):
+            step = todo.pop(0)
+            if isinstance(step, BaseException):
+                raise step
+            return write(fd, bytes(data)[:step])
+        return write(fd, data)
+
+    monkeypatch.setattr(os, "write", fake)
+
+
+ENOSPC = OSError(errno.ENOSPC, "No space left on device")
+
+
+@pytest.mark.parametrize(
+    "steps",
+    [(500, ENOSPC), (ENOSPC,), (0,), (500, 0)],
+    ids=["half a line, then full", "full", "nothing taken", "half a line, then nothing"],
+)
+def test_a_full_disk_leaves_the_file_as_it_was_and_says_what_to_do(tmp_path, monkeypatch, steps):
+    path = tmp_path / "r.jsonl"
+    results.append(make(), path)
+    before = path.read_bytes()
+    failing_writes(monkeypatch, path, *steps)
+    with pytest.raises(results.ResultsError) as raised:
+        results.append(make(extra={"pad": "x" * 1000}), path)
+    assert str(raised.value) == (
+        f"no space left on device writing {path}: the record was not written; free space and "
+        "run again"
+    )
+    assert path.read_bytes() == before
+    monkeypatch.undo()
+    results.append(make(batch_size=7), path)  # the file is whole: the next append lands after it
+    assert [r.batch_size for r in results.load(path)] == [256, 7]
+
+
+def test_a_failed_sync_takes_the_line_back(tmp_path, monkeypatch):
+    """A network filesystem may report the lost data only when it is synced."""
+    path = tmp_path / "r.jsonl"
+    results.append(make(), path)
+    before = path.read_bytes()
+
+    def fsync(fd):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(results.ResultsError, match=r"cannot write .*r\.jsonl \(Input/output e"):
+        results.append(make(), path)
+    assert path.read_bytes() == before
+
+
+def test_an_interrupt_mid_write_takes_the_line_back(tmp_path, monkeypatch):
+    path = tmp_path / "r.jsonl"
+    results.append(make(), path)
+    before = path.read_bytes()
+    failing_writes(monkeypatch, path, 300, KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt):
+        results.append(make(), path)
+    assert path.read_bytes() == before
+
+
+def test_a_results_file_that_cannot_be_opened_is_one_line(tmp_path):
+    (tmp_path / "f").write_text("a file")
+    with pytest.raises(results.ResultsError, match="cannot write .*: the record was not written"):
+        results.append(make(), tmp_path / "f" / "r.jsonl")
