@@ -7,7 +7,6 @@ Everything left out is kept with the reason, so the report can say what it did n
 
 from __future__ import annotations
 
-import math
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -16,8 +15,9 @@ from pathlib import Path
 
 from common import results
 from common.results import Record
+from compare.record_checks import CEILING, SHARED_DEVICE, positive, problem
+from compare.record_checks import WORKLOADS as WORKLOADS  # where the others look for it
 
-WORKLOADS = ("lenet", "resnet18", "resnet50")
 FRAMEWORK_ORDER = ("torch", "jax", "mxnet")
 STRATEGY_ORDER = {
     "lenet": ("scratch",),
@@ -25,12 +25,6 @@ STRATEGY_ORDER = {
     "resnet50": ("single", "model_parallel", "pipeline", "gpipe", "1f1b"),
 }
 _OLDEST = datetime.min.replace(tzinfo=timezone.utc)
-# extra[SHARED_DEVICE] = true: a resnet50 record whose stages all ran on one device (a 1-GPU
-# machine): it measures the per-micro-batch overhead, not overlap
-SHARED_DEVICE = "stages_share_device"
-# The strategy of a ceiling record (python -m <fw>_impl.ceiling, common/ceiling.py): not a
-# training run, so it is kept out of the training tables and shown against them.
-CEILING = "ceiling"
 
 
 @dataclass(frozen=True, eq=False)
@@ -47,7 +41,8 @@ class Entry:
         for a torch run with --compile (torch.compile): eager and compiled are separate rows."""
         extra = self.rec.extra if isinstance(self.rec.extra, dict) else {}
         amp = extra.get("amp")
-        label = self.rec.strategy + (f"+{amp}" if amp and amp != "off" else "")
+        # (str(): an unusable record's strategy, a number say, is still named when left out)
+        label = str(self.rec.strategy) + (f"+{amp}" if amp and amp != "off" else "")
         return label + ("+compiled" if extra.get("compiled") is True else "")
 
     @property
@@ -144,7 +139,7 @@ def hardware_key(rec: Record) -> tuple:
         return ("gpu", tuple(sorted(map(str, names))))
     cores = hw.get("cpu_count")
     cpu = str(hw.get("cpu") or "unknown CPU")
-    return ("cpu", cpu, cores if _positive(cores) else None, isa_text(hw))
+    return ("cpu", cpu, cores if positive(cores) else None, isa_text(hw))
 
 
 def isa_text(hw: dict) -> str | None:
@@ -266,65 +261,6 @@ def read(paths, warnings: list[str]) -> list[Entry]:
             continue
         entries.extend(Entry(r, str(path), len(entries) + i) for i, r in enumerate(recs))
     return entries
-
-
-def problem(rec: Record) -> str | None:
-    """Why a well-formed record still cannot be shown, or None."""
-    if rec.workload not in WORKLOADS:
-        return f"unknown workload {rec.workload!r}"
-    diverged = rec.diverged_at_epoch
-    if diverged is not None and not (_whole(diverged) and diverged >= 1):
-        return f"diverged_at_epoch must be a whole number >= 1 or null, got {diverged!r}"
-    # a diverged run is shown as diverged, so what it measured (null where non-finite) is not
-    # checked
-    why = None if diverged is not None else measured_problem(rec)
-    if why is not None:
-        return why
-    if not _whole(rec.devices) or rec.devices < 1:
-        return f"devices must be a whole number >= 1, got {rec.devices!r}"
-    if not isinstance(rec.extra, dict):
-        return "extra is not an object"
-    if not isinstance(rec.strategy, str) or not isinstance(rec.preset, str):
-        return "strategy and preset must be strings"
-    if rec.strategy == CEILING and (rec.devices != 1 or rec.workload == "resnet50"):
-        return "a ceiling record is of lenet or resnet18 on 1 device"
-    if rec.platform not in ("cpu", "gpu"):
-        return f"unknown platform {rec.platform!r}"
-    if rec.split_size is not None and (not isinstance(rec.split_size, int) or rec.split_size < 1):
-        return f"split_size must be a whole number >= 1, got {rec.split_size!r}"
-    return None
-
-
-def measured_problem(rec: Record) -> str | None:
-    """Why the times, rates or accuracies of a record (not diverged) cannot be shown, or None."""
-    name = "seconds" if rec.workload == "resnet50" else "sec_per_epoch"
-    stats = getattr(rec, name)
-    if not isinstance(stats, dict):
-        return f"no {name} statistics"
-    if not _positive(stats.get("median")):
-        return f"{name} has no positive median"
-    if not _number(stats.get("std", 0.0)):
-        return f"{name} std is not a number"
-    if rec.test_acc is not None and not _number(rec.test_acc):
-        return "test_acc is not a number"
-    if rec.images_per_sec is not None and not _number(rec.images_per_sec):
-        return "images_per_sec is not a number"
-    accs = rec.test_acc_per_epoch
-    if not isinstance(accs, list) or not all(_number(a) for a in accs):
-        return "test_acc_per_epoch is not a list of numbers"
-    return None
-
-
-def _whole(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def _positive(x) -> bool:
-    return _number(x) and x > 0
 
 
 def check(entries: list[Entry]) -> tuple[list[Entry], list[LeftOut]]:

@@ -1,11 +1,22 @@
 """A report as a list of blocks, written out as Markdown, or as one self-contained HTML page
-(images embedded as base64), or as plain text for the terminal."""
+(images embedded as base64), or as plain text for the terminal.
+
+Text may quote records (CPU names, strategies, file names), which anyone can edit: Markdown
+escapes what would make them markup (raw HTML, links, line breaks that start new blocks) outside
+the report's own `code` spans, HTML escapes everything, and the terminal gets no control
+characters."""
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import html
+import os
 import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,16 +48,16 @@ class Doc:
         for block in self.blocks:
             kind = block[0]
             if kind == "heading":
-                out.append("#" * block[1] + " " + block[2])
+                out.append("#" * block[1] + " " + escape(block[2]))
             elif kind == "para":
-                out.append(block[1])
+                out.append(escape(block[1]))
             elif kind == "items":
-                out.append("\n".join(f"- {item}" for item in block[1]))
+                out.append("\n".join(f"- {escape(item)}" for item in block[1]))
             elif kind == "table":
                 out.append(markdown_table(block[1]))
             elif kind == "image":
-                rel = relative(block[1], base)
-                out.append(f"![{block[2]}]({rel})\n\n*{block[2]}*")
+                rel, caption = relative(block[1], base), escape(block[2])
+                out.append(f"![{caption}]({rel})\n\n*{caption}*")
         return "\n\n".join(out) + "\n"
 
     def html(self, title: str) -> str:
@@ -93,8 +104,39 @@ def relative(path: Path, base: Path) -> str:
         return path.as_posix()
 
 
+# A code span of the report's own (`make compare`): Markdown shows it as it is, so it is left so.
+CODE_SPAN = re.compile(r"`[^`\x00-\x1f\x7f\u2028\u2029]+`")
+# Outside code spans: what could start markup (HTML, a link or image, an escape, a code span,
+# an entity, GitHub's math) gets a backslash or becomes an entity; line breaks and other control
+# characters become spaces, so no text can start a block (a heading, a list) of its own. (`>`
+# ends a tag that `<` can no longer open, and quotes only at a line's start.)
+MARKUP = {"\\": "\\\\", "`": "\\`", "[": "\\[", "]": "\\]", "$": "\\$"}
+MARKUP |= {"<": "&lt;", "&": "&amp;"}
+CONTROL = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")
+
+
+def escape(text: str) -> str:
+    """`text` as Markdown shows it literally: escaped outside its `code` spans, which Markdown
+    shows literally anyway."""
+    out, at = [], 0
+    for span in CODE_SPAN.finditer(text):
+        out += [_escape_plain(text[at : span.start()]), span.group()]
+        at = span.end()
+    return "".join([*out, _escape_plain(text[at:])])
+
+
+def _escape_plain(text: str) -> str:
+    text = CONTROL.sub(" ", text)
+    return "".join(MARKUP.get(c, c) for c in text)
+
+
+def plain(text: str) -> str:
+    """`text` for the terminal: control characters (escape sequences, line breaks) as spaces."""
+    return CONTROL.sub(" ", str(text))
+
+
 def _cell(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    return escape(str(text)).replace("|", "\\|")
 
 
 def markdown_table(t: Table) -> str:
@@ -106,7 +148,7 @@ def markdown_table(t: Table) -> str:
     text = "\n".join(lines)
     if t.notes:
         # a note opening with "* " (the extrapolated mark) would be a list item: escape it
-        notes = ("\\" + n if n.startswith("* ") else n for n in t.notes)
+        notes = ("\\" + n if n.startswith("* ") else n for n in map(escape, t.notes))
         text += "\n\n" + "\n".join(f"> {note}  " for note in notes)
     return text
 
@@ -129,10 +171,64 @@ def inline(text: str) -> str:
 
 def text_table(t: Table) -> str:
     """A plain aligned table for the terminal."""
-    widths = [max(len(str(x)) for x in col) for col in zip(t.headers, *t.rows, strict=False)]
-    lines = ["  ".join(str(x).ljust(w) for x, w in zip(t.headers, widths, strict=False))]
+    headers, rows = list(map(plain, t.headers)), [list(map(plain, row)) for row in t.rows]
+    widths = [max(len(x) for x in col) for col in zip(headers, *rows, strict=False)]
+    lines = ["  ".join(x.ljust(w) for x, w in zip(headers, widths, strict=False))]
     lines.append("  ".join("-" * w for w in widths))
-    lines += [
-        "  ".join(str(x).ljust(w) for x, w in zip(row, widths, strict=False)) for row in t.rows
-    ]
+    lines += ["  ".join(x.ljust(w) for x, w in zip(row, widths, strict=False)) for row in rows]
     return "\n".join(line.rstrip() for line in lines)
+
+
+@contextmanager
+def staged(out: Path) -> Iterator[Path]:
+    """A new folder in `out` to write the report into; once the body has written it all, its
+    files are moved over the previous report's, report.md last. On any failure it is removed
+    and the previous report stays as it was."""
+    made = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        stage = Path(tempfile.mkdtemp(dir=out, prefix=".report-"))
+        try:
+            yield stage
+            publish(stage, out)
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+    finally:
+        if made:  # removed only while empty: when nothing was published into it
+            with contextlib.suppress(OSError):
+                out.rmdir()
+
+
+def publish(stage: Path, out: Path) -> None:
+    """Move every file of `stage` to the same place in `out`: the plots, then report.html, then
+    report.md, so that a report never names a plot not yet in place. A rename needs no space."""
+    files = sorted(
+        (p for p in stage.rglob("*") if p.is_file()),
+        key=lambda p: (p.name == "report.md", p.name == "report.html", str(p)),
+    )
+    for path in files:
+        target = out / path.relative_to(stage)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(path, target)
+
+
+def write(doc: Doc, out: Path, html_title: str | None = None) -> list[Path]:
+    """report.md in `out`, and with `html_title` report.html; the paths written."""
+    md = out / "report.md"
+    md.write_text(doc.markdown(out), encoding="utf-8")
+    written = [md]
+    if html_title is not None:
+        page = out / "report.html"
+        page.write_text(doc.html(html_title), encoding="utf-8")
+        written.append(page)
+    return written
+
+
+@contextmanager
+def literal_plot_text() -> Iterator[None]:
+    """matplotlib draws every text as written: a `$` in a record's name (a CPU's, a strategy's)
+    would otherwise start mathtext, whose parser fails on what is not TeX (`$\\foo$`)."""
+    import matplotlib
+
+    with matplotlib.rc_context({"text.parse_math": False, "text.usetex": False}):
+        yield

@@ -9,6 +9,7 @@ comparable group (preset, platform, hardware); the report lists every record it 
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 from dataclasses import dataclass, field
@@ -156,11 +157,29 @@ class Section:
 
 
 def build(paths, out, write_html=False, preset=None, platform=None, echo=print, notes=()) -> int:
-    """The report of the records in `paths`; `notes`: lines for its top (a framework not set up)."""
+    """The report of the records in `paths`; `notes`: lines for its top (a framework not set up).
+    Every file is written into a folder of its own in `out` first and moved into place only
+    when all are written: a failure (a full disk, a Ctrl-C) leaves the previous report whole."""
     out = Path(out)
     data = load(paths, preset, platform, out)
     if data is None:
         return EXIT_NO_RESULTS
+    try:
+        with render.staged(out) as stage, render.literal_plot_text():
+            doc, best, sections = compose(paths, data, stage, notes, echo)
+            written = render.write(doc, stage, TITLE if write_html else None)
+    except OSError as e:
+        print(f"error: {not_written(out, e)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if len(data.machines) > 1:
+        echo("\nthe best time on each machine")
+        echo(render.text_table(best))
+    terminal(sections, data, [out / p.relative_to(stage) for p in written], echo)
+    return 0
+
+
+def compose(paths, data: Loaded, out: Path, notes, echo) -> tuple[Doc, Table, list[Section]]:
+    """The report's document, its summary table and its sections, the plots drawn into `out`."""
     doc = Doc()
     doc.heading(1, TITLE)
     doc.para(
@@ -182,35 +201,31 @@ def build(paths, out, write_html=False, preset=None, platform=None, echo=print, 
         sections += machine_section(doc, machine, out, data)
     environment_section(doc, data.kept, data.envs)
     left_out_section(doc, data)
-    written = write(doc, out, write_html)
-    if len(data.machines) > 1:
-        echo("\nthe best time on each machine")
-        echo(render.text_table(best))
-    terminal(sections, data, written, echo)
-    return 0
+    return doc, best, sections
 
 
-def write(doc: Doc, out: Path, write_html: bool) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    md = out / "report.md"
-    md.write_text(doc.markdown(out), encoding="utf-8")
-    written = [md]
-    if write_html:
-        page = out / "report.html"
-        page.write_text(doc.html(TITLE), encoding="utf-8")
-        written.append(page)
-    return written
+def not_written(out: Path, e: OSError) -> str:
+    """One line: why the report could not be written, what was kept, and what to do."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return (
+            f"no space left on device writing the report into {out}{unchanged(out)}; "
+            "free space and run again"
+        )
+    return (
+        f"cannot write the report into {out} ({e.strerror or e}){unchanged(out)}; "
+        "choose another --out (REPORTS=)"
+    )
 
 
 def terminal(sections: list[Section], data: Loaded, written: list[Path], echo) -> None:
     """The main tables, the first warnings, and what was written."""
     for s in sections:
         if s.terminal is not None:
-            echo(f"\n{s.workload} on {s.machine.title}")
+            echo(f"\n{s.workload} on {render.plain(s.machine.title)}")
             echo(render.text_table(s.terminal))
     warnings = data.warnings
     for warning in warnings[:MAX_WARNINGS_SHOWN]:
-        echo(f"warning: {warning}")
+        echo(f"warning: {render.plain(warning)}")
     if len(warnings) > MAX_WARNINGS_SHOWN:
         echo(f"warning: ... and {len(warnings) - MAX_WARNINGS_SHOWN} more (see the report)")
     plots = sum(len(s.figures) for s in sections)

@@ -15,6 +15,7 @@ from compare import readme, records, report, tables, throughput
 from tests.compare import fixture_records
 
 PNG = b"\x89PNG\r\n\x1a\n"
+HW = fixture_records.HARDWARE
 
 
 CPU = "2 virtual devices on 2 CPU cores (Fixture CPU), preset cpu"
@@ -508,12 +509,47 @@ def test_missing_file_beside_a_good_one_is_a_warning(tmp_path):
     "change, reason",
     [
         (dict(extra=[1, 2]), "extra is not an object"),
-        (dict(test_acc="high"), "test_acc is not a number"),
+        (dict(test_acc="high"), "test_acc must be a number from 0 to 1, got 'high'"),
         (dict(test_acc_per_epoch="abc"), "test_acc_per_epoch is not a list of numbers"),
         (dict(devices=0), "devices must be a whole number >= 1"),
         (dict(sec_per_epoch={"mean": 1.0}), "sec_per_epoch has no positive median"),
         (dict(platform="tpu"), "unknown platform 'tpu'"),
         (dict(workload="bert"), "unknown workload 'bert'"),
+        # fields of the wrong type in a hand-edited or foreign record, each once a traceback
+        (dict(hardware={**HW, "cpu": 7}), "hardware.cpu must be a string, got 7"),
+        (dict(hardware={**HW, "gpus": [{"name": 3}]}), "hardware.gpus must be a list of GPUs"),
+        (dict(hardware={**HW, "cpu_count": "two"}), "hardware.cpu_count must be a whole number"),
+        (dict(git_commit=123), "git_commit must be a string, got 123"),
+        (dict(steps_timed=[20]), "steps_timed must be a whole number >= 1 (at most 2147483648)"),
+        (
+            dict(batch_size="256"),
+            "batch_size must be a whole number >= 1 (at most 2147483648), got '256'",
+        ),
+        (dict(devices=1e30), "devices must be a whole number >= 1 (at most 65536), got 1e+30"),
+        (dict(devices=10**30), "devices must be a whole number >= 1 (at most 65536), got 1000"),
+        (
+            dict(sec_per_epoch={"median": 1.0, "std": -0.5, "n": 3}),
+            "sec_per_epoch std must be a number >= 0, got -0.5",
+        ),
+        (dict(sec_per_epoch={"median": 1.0, "std": 0.1, "n": "3"}), "sec_per_epoch n must be a"),
+        (
+            dict(extra={"ceiling": {"sec_per_epoch": {"median": "fast"}}}),
+            "extra.ceiling.sec_per_epoch has no positive median (got 'fast')",
+        ),
+        (
+            dict(extra={"ceiling": {"sec_per_epoch": {"median": None, "std": 0}}}),
+            "extra.ceiling.sec_per_epoch has no positive median (got None)",
+        ),
+        (dict(extra={"amp": 16}), "extra.amp must be a string, got 16"),
+        (
+            dict(extra={"utilization": [1], "utilization_source": 7, "memory_source": "x"}),
+            "extra.utilization_source must be a string, got 7",
+        ),
+        (dict(versions={"torch": 2.15}), "versions must be an object of strings"),
+        (dict(virtual="yes"), "virtual must be true or false, got 'yes'"),
+        (dict(test_acc=85.0), "test_acc must be a number from 0 to 1, got 85.0"),
+        (dict(schema=99), "schema 99 is not one this report reads (schema 1)"),
+        (dict(strategy=None), "strategy and preset must be strings"),
     ],
 )
 def test_odd_records_are_left_out_with_the_reason(tmp_path, change, reason):
@@ -524,6 +560,7 @@ def test_odd_records_are_left_out_with_the_reason(tmp_path, change, reason):
     assert report.build([str(path)], tmp_path / "out", echo=lambda *_: None) == 0
     left = (tmp_path / "out" / "report.md").read_text().split("## Left out", 1)[1]
     assert "not a time (" in left and f"): {reason}" in left
+    assert records.problem(bad).startswith(reason)  # the one reason, first
 
 
 def diverged_records() -> list[Record]:
