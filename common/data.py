@@ -5,11 +5,16 @@ Framework-free: every framework gets the same uint8 arrays and the same index se
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import gzip
 import hashlib
+import http.client
 import os
+import stat
 import struct
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -85,17 +90,44 @@ class FashionMNIST:
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    """The user cache's folder for the dataset; a DatasetError where there is no home folder
+    to put it in (HOME unset, and a user id with no entry in /etc/passwd: a container's)."""
+    base = os.environ.get("XDG_CACHE_HOME")
+    if not base:
+        try:
+            base = Path.home() / ".cache"
+        except (RuntimeError, KeyError):  # Path.home(): neither HOME nor a passwd entry
+            raise DatasetError(
+                f"no cache folder for Fashion-MNIST: HOME is unset and user id {os.getuid()} "
+                "has no home folder; set XDG_CACHE_HOME (or HOME) to a writable folder, or "
+                "FASHION_MNIST_DIR to a folder with the four .gz files"
+            ) from None
     return Path(base) / "multidevice" / "fashion-mnist"
 
 
 def search_dirs() -> list[Path]:
-    """Where to look, in order: $FASHION_MNIST_DIR, the user cache, the Debian package."""
+    """Where to look, in order: $FASHION_MNIST_DIR, the user cache (where there is one), the
+    Debian package."""
     dirs = []
     if os.environ.get("FASHION_MNIST_DIR"):
         dirs.append(Path(os.environ["FASHION_MNIST_DIR"]))
-    dirs += [cache_dir(), DEBIAN_DIR]
-    return dirs
+    with contextlib.suppress(DatasetError):  # no home, no cache; locate() says so if it must
+        dirs.append(cache_dir())
+    return [*dirs, DEBIAN_DIR]
+
+
+def _is_file(path: Path) -> bool:
+    """Whether `path` is a file; a folder that cannot be searched is a DatasetError saying so,
+    where Path.is_file() raises PermissionError (Python 3.11) or says False (3.13)."""
+    try:
+        return stat.S_ISREG(path.stat().st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError as e:
+        raise DatasetError(
+            f"{path.parent}: cannot be read ({e.strerror or e}); fix its permissions "
+            "(chmod a+rx), or set FASHION_MNIST_DIR to a folder with the four .gz files"
+        ) from None
 
 
 def find_dir(names=None) -> Path | None:
@@ -103,34 +135,63 @@ def find_dir(names=None) -> Path | None:
     names = names or [spec.name for spec in FILES.values()]
     explicit = os.environ.get("FASHION_MNIST_DIR")
     if explicit:
-        missing = [n for n in names if not (Path(explicit) / n).is_file()]
+        missing = [n for n in names if not _is_file(Path(explicit) / n)]
         if missing:
             raise DatasetError(
                 f"FASHION_MNIST_DIR={explicit} does not hold {', '.join(missing)}; point it at a "
                 "folder with the four .gz files, or unset it to search the usual places"
             )
     for d in search_dirs():
-        if all((d / n).is_file() for n in names):
+        if all(_is_file(d / n) for n in names):
             return d
     return None
 
 
-def decompress(path: Path) -> bytes:
+def decompress(path: Path, limit: int | None = None) -> bytes:
+    """The decompressed content of `path`; past `limit` bytes (the format's size) reading
+    stops, so a file that inflates without end (a gzip bomb) costs no more than that."""
     try:
         with gzip.open(path, "rb") as f:
-            return f.read()
+            content = f.read(-1 if limit is None else limit + 1)
+    except PermissionError as e:
+        raise DatasetError(_unreadable(path, e)) from None
     except (OSError, EOFError, gzip.BadGzipFile) as e:
         raise DatasetError(
             f"{path}: cannot be decompressed ({e}); the file is truncated or corrupt: "
             f"delete it and {HOW_TO_GET}"
         ) from None
+    if limit is not None and len(content) > limit:
+        raise DatasetError(
+            f"{path}: decompresses to more than the {limit} bytes Fashion-MNIST's file has; "
+            f"it is not that file: delete it and {HOW_TO_GET}"
+        )
+    return content
+
+
+def _unreadable(path: Path, e: OSError) -> str:
+    return (
+        f"{path}: cannot be read ({e.strerror or e}); fix its permissions (chmod a+r), "
+        "or set FASHION_MNIST_DIR to a folder with readable copies"
+    )
+
+
+def _md5(path: Path) -> str:
+    """The md5 of the file, read in pieces (the file may be large, whatever it holds)."""
+    digest = hashlib.md5()
+    try:
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+    except OSError as e:
+        raise DatasetError(_unreadable(path, e)) from None
+    return digest.hexdigest()
 
 
 def verify(path: Path, spec: FileSpec) -> bytes:
     """The decompressed content of `path`, checked against the known size and sha256."""
-    content = decompress(path)
+    content = decompress(path, spec.size)
     # The upstream .gz is proven by its md5; Debian's re-compressed one by the content's sha256.
-    upstream = hashlib.md5(path.read_bytes()).hexdigest() == spec.gz_md5
+    upstream = _md5(path) == spec.gz_md5
     if not upstream and (
         len(content) != spec.size or hashlib.sha256(content).hexdigest() != spec.sha256
     ):
@@ -159,31 +220,75 @@ def parse_idx(content: bytes, spec: FileSpec, path: Path) -> np.ndarray:
     return np.frombuffer(content, dtype=np.uint8, offset=header).reshape(shape)
 
 
+# A gzip of the file is never larger than the file itself and a little framing: a reply that
+# goes on past this is not the file.
+GZIP_SLACK = 1 << 16
+DOWNLOAD_DEADLINE_S = 1800.0  # the whole of one file's download, however slowly it trickles
+
+
 def download(dest: Path, base_url: str = URL, timeout: float = 60.0) -> None:
     """Fetch the files missing from `dest`: each to a temporary file, verified, then renamed."""
-    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DatasetError(
+            f"Fashion-MNIST not found locally and its cache folder {dest} cannot be created "
+            f"({e.strerror or e}); set XDG_CACHE_HOME to a writable folder, or {HOW_TO_GET}"
+        ) from None
     for spec in FILES.values():
         target = dest / spec.name
-        if target.is_file():
+        if _is_file(target):
             continue
-        fd, tmp = tempfile.mkstemp(dir=dest, prefix=f".{spec.name}.", suffix=".part")
+        tmp = None
         try:
-            with (
-                os.fdopen(fd, "wb") as out,
-                urllib.request.urlopen(base_url + spec.name, timeout=timeout) as response,
-            ):
-                while chunk := response.read(1 << 20):
-                    out.write(chunk)
+            fd, tmp = tempfile.mkstemp(dir=dest, prefix=f".{spec.name}.", suffix=".part")
+            with os.fdopen(fd, "wb") as out:
+                _fetch(base_url + spec.name, out, spec, timeout)
             verify(Path(tmp), spec)
             os.replace(tmp, target)
-        except (urllib.error.URLError, OSError) as e:
+        except DatasetError as e:  # it names the temporary file, deleted below: say what it was
+            why = str(e).removeprefix(f"{tmp}: ").split("; ")[0]
             raise DatasetError(
-                f"Fashion-MNIST not found locally and the download of {spec.name} failed ({e}); "
-                f"{HOW_TO_GET}"
+                f"the downloaded {spec.name} (from {base_url}) {why}; nothing was kept; try "
+                f"again, or {HOW_TO_GET}"
             ) from None
+        except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as e:
+            raise DatasetError(_download_failed(spec, dest, e)) from None
         finally:
-            if os.path.exists(tmp):
+            if tmp is not None and os.path.exists(tmp):
                 os.unlink(tmp)
+
+
+def _fetch(url: str, out, spec: FileSpec, timeout: float) -> None:
+    """Copy the body at `url` into `out`: each wait for the server bounded by `timeout`, the
+    whole by DOWNLOAD_DEADLINE_S, and its size by what a gzip of the file can be."""
+    end = time.monotonic() + DOWNLOAD_DEADLINE_S
+    size = 0
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        while chunk := response.read(1 << 20):
+            size += len(chunk)
+            if size > spec.size + GZIP_SLACK:
+                raise ValueError(f"the reply goes on past {spec.size + GZIP_SLACK} bytes")
+            if time.monotonic() > end:
+                raise TimeoutError(f"not complete after {DOWNLOAD_DEADLINE_S:.0f} s")
+            out.write(chunk)
+        if response.length:  # the server promised more than it sent before it closed
+            total = size + response.length
+            raise ConnectionError(f"the connection closed after {size} of {total} bytes")
+
+
+def _download_failed(spec: FileSpec, dest: Path, e: Exception) -> str:
+    """One line: why the download of `spec` failed, and what to do."""
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return (
+            f"no space left in {dest} for the download of {spec.name}; nothing was kept; free "
+            f"space, set XDG_CACHE_HOME to another folder, or {HOW_TO_GET}"
+        )
+    reason = str(e).splitlines()[0][:200] if str(e).strip() else type(e).__name__
+    return (
+        f"Fashion-MNIST not found locally and the download of {spec.name} failed ({reason}); "
+        f"{HOW_TO_GET}"
+    )
 
 
 def locate(allow_download: bool = True) -> Path:

@@ -188,3 +188,212 @@ def test_warmup_batches_cover_each_batch_size_once():
     warm = data.warmup_batches(parts)
     assert [len(b) for b in warm] == [256, 232] and warm[0] is parts[0] and warm[1] is parts[-1]
     assert [len(b) for b in data.warmup_batches(parts[:2])] == [256]
+
+
+# --- unreadable folders and files, no home, a gzip bomb, a broken download -----------------------
+# Tests run as root here, and root reads whatever the permissions say: each permission case is
+# simulated (the PermissionError Python raises for a non-root user), and runs for real as well
+# where the tests run as another user.
+
+
+def reads_any_file() -> bool:
+    """Whether this process reads a file whatever its permissions (root, with its usual
+    capabilities): then a real permission case cannot be made."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        probe = Path(folder) / "probe"
+        probe.write_text("x")
+        probe.chmod(0)
+        try:
+            probe.read_text()
+        except PermissionError:
+            return False
+        return True
+
+
+ROOT_READS_ALL = pytest.mark.skipif(reads_any_file(), reason="this user reads any file (root)")
+
+
+def deny(monkeypatch, folder: Path) -> None:
+    """Path.stat() under `folder` raises PermissionError, as for a user who may not search it
+    (Path.is_file() then raises too in Python 3.11, and says False in 3.13)."""
+    original = Path.stat
+
+    def denied(self, *args, **kwargs):
+        if folder in Path(self).parents:
+            raise PermissionError(13, "Permission denied", str(self))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "stat", denied)
+
+
+def test_an_unreadable_data_folder_is_one_line_saying_to_fix_its_permissions(isolated, monkeypatch):
+    deny(monkeypatch, isolated)
+    with pytest.raises(data.DatasetError, match=rf"^{isolated}: cannot be read \(Permission d"):
+        data.locate(allow_download=False)
+
+
+def test_an_unreadable_cache_folder_is_one_line(tmp_path, isolated, monkeypatch):
+    monkeypatch.delenv("FASHION_MNIST_DIR")
+    cache = data.cache_dir()
+    cache.mkdir(parents=True)
+    deny(monkeypatch, cache)
+    with pytest.raises(data.DatasetError, match="cannot be read .*fix its permissions"):
+        data.locate()
+
+
+@ROOT_READS_ALL
+def test_an_unreadable_data_folder_for_real(isolated):
+    isolated.chmod(0)
+    try:
+        with pytest.raises(data.DatasetError, match="cannot be read"):
+            data.locate(allow_download=False)
+    finally:
+        isolated.chmod(0o755)
+
+
+def test_an_unreadable_dataset_file_says_so_not_corrupt(source, isolated, monkeypatch):
+    copy_dataset(source, isolated)
+    target = isolated / data.FILES["train_images"].name
+    opened = data.gzip.open
+
+    def denied(path, *args, **kwargs):
+        if Path(path) == target:
+            raise PermissionError(13, "Permission denied", str(path))
+        return opened(path, *args, **kwargs)
+
+    monkeypatch.setattr(data.gzip, "open", denied)
+    with pytest.raises(data.DatasetError) as raised:
+        data.load(allow_download=False)
+    message = str(raised.value)
+    assert message.startswith(f"{target}: cannot be read (Permission denied); fix its perm")
+    assert "corrupt" not in message and "delete" not in message
+
+
+@ROOT_READS_ALL
+def test_an_unreadable_dataset_file_for_real(source, isolated):
+    copy_dataset(source, isolated)
+    (isolated / data.FILES["test_labels"].name).chmod(0)
+    with pytest.raises(data.DatasetError, match="cannot be read .*fix its permissions"):
+        data.load(allow_download=False)
+
+
+def no_home(monkeypatch) -> None:
+    """HOME unset and no /etc/passwd entry for this user id (a container's arbitrary user)."""
+    import pwd
+
+    def unknown(uid):
+        raise KeyError(f"getpwuid(): uid not found: {uid}")
+
+    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setattr(pwd, "getpwuid", unknown)
+
+
+def test_no_home_still_finds_the_data_elsewhere(source, isolated, monkeypatch):
+    copy_dataset(source, isolated)
+    no_home(monkeypatch)
+    assert data.locate() == isolated  # FASHION_MNIST_DIR
+    monkeypatch.delenv("FASHION_MNIST_DIR")
+    monkeypatch.setattr(data, "DEBIAN_DIR", isolated)
+    assert data.locate() == isolated  # the Debian package's folder
+
+
+def test_no_home_and_nothing_found_says_what_to_set(isolated, monkeypatch):
+    monkeypatch.delenv("FASHION_MNIST_DIR")
+    no_home(monkeypatch)
+    with pytest.raises(data.DatasetError, match="HOME is unset .*set XDG_CACHE_HOME"):
+        data.locate()
+    with pytest.raises(data.DatasetError, match="Fashion-MNIST not found in "):
+        data.locate(allow_download=False)
+
+
+def test_a_gzip_bomb_is_refused_after_reading_no_more_than_the_format_holds(tmp_path):
+    import tracemalloc
+
+    spec = data.FILES["test_labels"]  # 10008 bytes decompressed
+    bomb = tmp_path / spec.name
+    with gzip.open(bomb, "wb", compresslevel=1) as f:
+        for _ in range(64):  # 64 MB of zeros in a file of a few hundred KB
+            f.write(bytes(1 << 20))
+    tracemalloc.start()
+    try:
+        with pytest.raises(data.DatasetError, match="decompresses to more than the 10008 bytes"):
+            data.verify(bomb, spec)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20  # the 64 MB were never held
+
+
+def test_a_cache_folder_that_cannot_be_made_is_one_line(tmp_path):
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(data.DatasetError, match=r"cache folder .*/file/cache cannot be created"):
+        data.download(tmp_path / "file" / "cache", base_url="http://127.0.0.1:9/", timeout=5)
+
+
+@pytest.fixture
+def raw_server():
+    """A TCP server on 127.0.0.1 that answers every connection with the bytes given."""
+    import socket
+
+    replies, stop = [], threading.Event()
+    sock = socket.create_server(("127.0.0.1", 0))
+    sock.settimeout(0.1)  # a short look each time, so the server stops soon after the test
+
+    def serve():
+        while not stop.is_set():
+            try:
+                conn, _ = sock.accept()
+            except OSError:  # no one yet
+                continue
+            with conn:
+                conn.settimeout(10)
+                conn.recv(65536)
+                conn.sendall(replies[0])
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield replies, f"http://127.0.0.1:{sock.getsockname()[1]}/"
+    stop.set()
+    thread.join(10)
+    sock.close()
+
+
+@pytest.mark.parametrize(
+    "reply, why",
+    [
+        (b"garbage from a broken proxy\r\n\r\n", "garbage from a broken proxy"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 5000\r\n\r\n" + bytes(10), "closed after 10 of 5000"),
+    ],
+    ids=["bad status line", "body cut short"],
+)
+def test_a_broken_proxy_is_one_line(raw_server, tmp_path, reply, why):
+    replies, url = raw_server
+    replies.append(reply)
+    with pytest.raises(data.DatasetError, match=rf"download of train-images.*failed \(.*{why}"):
+        data.download(tmp_path / "cache", base_url=url, timeout=5)
+    assert not [n for n in os.listdir(tmp_path / "cache") if n.endswith(".part")]
+
+
+def test_a_truncated_download_names_no_deleted_file(source, server, tmp_path):
+    www, url = server
+    copy_dataset(source, www)
+    labels = www / data.FILES["train_labels"].name
+    labels.write_bytes(labels.read_bytes()[:-50])
+    with pytest.raises(data.DatasetError) as raised:
+        data.download(tmp_path / "cache", base_url=url)
+    message = str(raised.value)
+    assert ".part" not in message and "nothing was kept" in message
+    assert message.startswith("the downloaded train-labels-idx1-ubyte.gz (from http://127")
+    assert "cannot be decompressed" in message
+
+
+def test_a_reply_longer_than_the_file_can_be_is_cut_off(server, tmp_path):
+    www, url = server
+    spec = data.FILES["train_images"]
+    (www / spec.name).write_bytes(bytes(spec.size + data.GZIP_SLACK + (2 << 20)))
+    with pytest.raises(data.DatasetError, match="the reply goes on past"):
+        data.download(tmp_path / "cache", base_url=url)
+    assert not [n for n in os.listdir(tmp_path / "cache") if n.endswith(".part")]
