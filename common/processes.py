@@ -1,7 +1,8 @@
 """Several processes that must meet: their settings from the environment, the coordinator's
 address and port, and a bounded wait (docs/design.md, "Devices"); a file descriptor sent
-elsewhere for a while, for what C libraries write; a quiet end when stdout's reader stops; and
-a process stopped with everything it started.
+elsewhere for a while, for what C libraries write; a quiet end when stdout's reader stops; a
+process stopped with everything it started; and the environment variables a framework reads as
+it loads, checked before it is imported (check_environment).
 
 A framework's own wait for its peers can end in a C++ abort or a silent hang; the run instead
 checks what it can before the wait and gives the wait a deadline of its own that ends the
@@ -12,12 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import shlex
 import signal
 import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -145,3 +148,120 @@ def descendants(pid: int) -> list[int]:
         found += kids
         todo += kids
     return found
+
+
+# --- the environment a framework reads as it loads ------------------------------------------------
+# Some variables are read by a framework's C++ as it is imported, where a bad value ends the
+# process in an abort or a fatal log, or makes it hang; they are checked here first.
+
+PS_LITE_SKIPPED = ("DMLC_LOG_",)  # dmlc's own logging settings: harmless in any run
+
+
+def check_environment(
+    framework: str, workload: str, strategy: str | None, env: Mapping[str, str] | None = None
+) -> None:
+    """Refuse, in one line (config.ConfigError), an environment that would crash or hang
+    `framework` running `workload` with `strategy` (None: the workload's default); called
+    before the framework is imported. `env`: os.environ. Checks OMP_NUM_THREADS (every
+    framework), XLA_FLAGS (JAX), GLOO_SOCKET_IFNAME (torch) and ps-lite's DMLC_* (MXNet)."""
+    env = os.environ if env is None else env
+    _check_omp_threads(env)
+    if framework == "jax":
+        _check_xla_flags(env)
+    if framework == "torch":
+        _check_interface(env, "GLOO_SOCKET_IFNAME")
+    if framework == "mxnet":
+        _check_ps_lite(env, workload, strategy)
+
+
+def _check_omp_threads(env: Mapping[str, str]) -> None:
+    """MXNet aborts in C++ on a value that is not a whole number, libgomp ignores one below 1
+    with a warning of its own: a thread count must be a whole number >= 1."""
+    text = env.get("OMP_NUM_THREADS")
+    if text is None:
+        return
+    # (at most a C int: MXNet parses it into one)
+    if not (re.fullmatch(r"\s*[0-9]+\s*", text) and 1 <= int(text) < 1 << 31):
+        raise config.ConfigError(
+            f"OMP_NUM_THREADS must be a whole number >= 1 (threads per process), got {text!r}; "
+            "set it to one, or unset it"
+        )
+
+
+# One flag of XLA_FLAGS: `--name` or `--name=value`. Only the syntax is checked: which names
+# XLA knows changes with every jaxlib, and it ends the process on one it does not know.
+XLA_FLAG = re.compile(r"--[A-Za-z_][A-Za-z0-9_]*(=.*)?", re.S)
+
+
+def _check_xla_flags(env: Mapping[str, str]) -> None:
+    """XLA reads XLA_FLAGS as flags (`--name[=value]` separated by spaces) when it starts with
+    `-`, else as the name of a file of flags; it ends the process on anything else."""
+    text = env.get("XLA_FLAGS", "").strip()
+    if not text:
+        return
+    if not text.startswith("-"):
+        if not os.path.isfile(text):
+            raise config.ConfigError(
+                f"XLA_FLAGS={text!r} is neither flags (--name=value ...) nor a file of them; "
+                "fix it, or unset XLA_FLAGS"
+            )
+        return
+    try:
+        flags = shlex.split(text)
+    except ValueError as e:  # an unclosed quote
+        raise config.ConfigError(f"XLA_FLAGS cannot be read ({e}); fix it, or unset it") from None
+    bad = [flag for flag in flags if not XLA_FLAG.fullmatch(flag)]
+    if bad:
+        raise config.ConfigError(
+            f"XLA_FLAGS holds {bad[0]!r}, which is not --name or --name=value; XLA ends the "
+            "process on it: fix it, or unset XLA_FLAGS"
+        )
+
+
+def _check_interface(env: Mapping[str, str], name: str) -> None:
+    """A network interface named by `name` (a comma-separated list) must exist here: gloo
+    otherwise fails in every worker, each with a traceback."""
+    text = env.get(name)
+    if text is None:
+        return
+    present = network_interfaces()
+    missing = [i for i in text.split(",") if i.strip() not in present]
+    if missing or not text.strip():
+        raise config.ConfigError(
+            f"{name}={text} names no network interface of this machine "
+            f"(it has: {', '.join(sorted(present)) or 'none'}); set it to one of those, "
+            f"or unset it"
+        )
+
+
+def network_interfaces() -> set[str]:
+    """The names of this machine's network interfaces."""
+    try:
+        return {name for _, name in socket.if_nameindex()}
+    except OSError:
+        with contextlib.suppress(OSError):
+            return {p.name for p in Path("/sys/class/net").iterdir()}
+    return set()
+
+
+def _check_ps_lite(env: Mapping[str, str], workload: str, strategy: str | None) -> None:
+    """ps-lite's variables make importing MXNet join a parameter server (DMLC_ROLE) or set one
+    up: only `--strategy dist` uses them, as a worker (DMLC_ROLE=worker, started by the launcher
+    or by hand) or as the launcher (DMLC_ROLE unset; DMLC_NUM_WORKER, DMLC_NUM_SERVER and
+    DMLC_PS_ROOT_PORT are its settings). A run that is neither would crash or wait forever."""
+    role = env.get("DMLC_ROLE")
+    if strategy == "dist" and workload == "resnet18":
+        if role is None or role == "worker":
+            return
+        raise config.ConfigError(
+            f"DMLC_ROLE={role}: python -m mxnet_impl runs as a worker (DMLC_ROLE=worker) or, "
+            "with DMLC_ROLE unset, starts every process itself; a scheduler or server is "
+            "`python -c 'import mxnet'`"
+        )
+    found = sorted(k for k in env if k.startswith("DMLC_") and not k.startswith(PS_LITE_SKIPPED))
+    if found:
+        names = " ".join(found)
+        raise config.ConfigError(
+            f"{names} set (left from a kvstore dist run?): MXNet would join a parameter server, "
+            f"which only --strategy dist uses; unset them (unset {names})"
+        )

@@ -76,3 +76,116 @@ def test_deadline_ends_a_wait_that_does_not_finish_with_one_line_and_its_code():
 def test_deadline_lets_a_wait_that_finishes_go_on():
     out = wait(30, 0)
     assert out.returncode == 0 and out.stdout == "finished\n" and not out.stderr
+
+
+# --- check_environment: what a framework's C++ reads as it loads ---------------------------------
+
+
+def refused(framework, env, workload="lenet", strategy=None) -> str:
+    with pytest.raises(config.ConfigError) as raised:
+        processes.check_environment(framework, workload, strategy, env)
+    message = str(raised.value)
+    assert "\n" not in message
+    return message
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax", "mxnet"])
+@pytest.mark.parametrize("text", ["abc", "0", "-1", "", "4,2", "1.5", "²", "99999999999"])
+def test_a_thread_count_that_is_not_a_whole_number_is_refused(framework, text):
+    message = refused(framework, {"OMP_NUM_THREADS": text})
+    assert message == (
+        f"OMP_NUM_THREADS must be a whole number >= 1 (threads per process), got {text!r}; "
+        "set it to one, or unset it"
+    )
+
+
+@pytest.mark.parametrize("text", ["1", "16", " 2"])
+def test_a_thread_count_is_accepted(text):
+    for framework in ("torch", "jax", "mxnet"):
+        processes.check_environment(framework, "lenet", None, {"OMP_NUM_THREADS": text})
+
+
+@pytest.mark.parametrize(
+    "flags, bad",
+    [
+        ("--xla_dump_to=/tmp/x foo", "'foo', which is not --name or --name=value"),
+        ("-xla_dump_to=/tmp/x", "'-xla_dump_to=/tmp/x', which is not --name"),
+        ("--xla_dump_to=/tmp/x --2", "'--2', which is not --name"),
+        ("--xla_dump_to='/tmp/x", "XLA_FLAGS cannot be read (No closing quotation)"),
+        ("no-such-flags-file", "XLA_FLAGS='no-such-flags-file' is neither flags"),
+    ],
+)
+def test_xla_flags_that_xla_would_end_the_process_on_are_refused(flags, bad):
+    assert bad in refused("jax", {"XLA_FLAGS": flags})
+    processes.check_environment("torch", "lenet", None, {"XLA_FLAGS": flags})  # torch: unread
+
+
+def test_xla_flags_that_look_right_are_accepted(tmp_path):
+    """Only the syntax is checked: XLA's flag names change with every jaxlib."""
+    flagfile = tmp_path / "flags"
+    flagfile.write_text("--xla_dump_to=/tmp/x\n")
+    for flags in (
+        "--xla_force_host_platform_device_count=2",
+        " --xla_dump_to='/tmp/a b' --xla_cpu_enable_fast_math=false ",
+        "--xla_gpu_autotune_level=0\t--xla_dump_hlo_as_text",
+        str(flagfile),
+        "",
+    ):
+        processes.check_environment("jax", "resnet18", "sharding", {"XLA_FLAGS": flags})
+
+
+def test_a_gloo_interface_that_does_not_exist_is_refused():
+    present = processes.network_interfaces()
+    assert present  # at least the loopback
+    message = refused("torch", {"GLOO_SOCKET_IFNAME": "nosuch0"}, "resnet18", "ddp")
+    assert message.startswith("GLOO_SOCKET_IFNAME=nosuch0 names no network interface of this")
+    assert f"(it has: {', '.join(sorted(present))})" in message
+    name = sorted(present)[0]
+    assert "nosuch0" in refused("torch", {"GLOO_SOCKET_IFNAME": f"{name},nosuch0"})
+    processes.check_environment("torch", "resnet18", "ddp", {"GLOO_SOCKET_IFNAME": name})
+    processes.check_environment("jax", "lenet", None, {"GLOO_SOCKET_IFNAME": "nosuch0"})
+
+
+LEFTOVER = {"DMLC_ROLE": "server", "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "9091"}
+
+
+@pytest.mark.parametrize(
+    "workload, strategy, env",
+    [
+        ("lenet", None, {"DMLC_ROLE": "worker"}),
+        ("lenet", None, LEFTOVER),
+        ("resnet18", None, {"DMLC_PS_ROOT_URI": "127.0.0.1"}),
+        ("resnet18", "gluon", {"DMLC_NUM_WORKER": "2"}),
+        ("resnet50", "pipeline", LEFTOVER),
+    ],
+)
+def test_leftover_ps_lite_variables_are_refused_outside_dist(workload, strategy, env):
+    message = refused("mxnet", env, workload, strategy)
+    names = " ".join(sorted(env))
+    assert message == (
+        f"{names} set (left from a kvstore dist run?): MXNet would join a parameter server, "
+        f"which only --strategy dist uses; unset them (unset {names})"
+    )
+
+
+@pytest.mark.parametrize("role", ["server", "scheduler", ""])
+def test_a_dist_run_is_a_worker_or_the_launcher_never_a_server(role):
+    message = refused("mxnet", {**LEFTOVER, "DMLC_ROLE": role}, "resnet18", "dist")
+    assert message.startswith(f"DMLC_ROLE={role}: python -m mxnet_impl runs as a worker")
+
+
+def test_ps_lite_variables_where_they_belong_are_accepted():
+    worker = {**LEFTOVER, "DMLC_ROLE": "worker", "DMLC_NUM_WORKER": "2"}
+    processes.check_environment("mxnet", "resnet18", "dist", worker)  # a worker
+    launcher = {"DMLC_NUM_WORKER": "2", "DMLC_PS_ROOT_PORT": "9091"}
+    processes.check_environment("mxnet", "resnet18", "dist", launcher)  # the launcher's settings
+    processes.check_environment("mxnet", "lenet", None, {"DMLC_LOG_STACK_TRACE_DEPTH": "10"})
+    processes.check_environment("torch", "lenet", None, LEFTOVER)  # only MXNet reads them
+
+
+def test_check_environment_reads_the_process_environment(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "abc")
+    with pytest.raises(config.ConfigError, match="OMP_NUM_THREADS must be"):
+        processes.check_environment("torch", "lenet", None)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    processes.check_environment("torch", "lenet", None)
