@@ -3,17 +3,38 @@
 # Builds $VENV/NAME from the lock file LOCK (docs/design.md, "Environments") on one of the Python
 # versions listed (those the lock is made for), then installs this project into it, editable and
 # without dependencies (the lock has them all).
-#   Python:    $PYTHON (the machine's python3) if listed, else python3.X on PATH, else one from uv.
+#   Python:    $PYTHON (the machine's python3) if listed, else python3.X on PATH, else one from uv;
+#              a PYTHON other than python3 that does not run is an error.
 #   Installer: uv ($UV, else uv on PATH): `uv pip sync` makes the environment exactly the lock;
 #              without uv, venv + pip install the same lock.
 # No listed Python to be had: MXNet is skipped with one line saying why (kept in $VENV/mxnet.skipped
 # for make test / make compare) and the script succeeds; any other environment is an error.
+#   tools/venv.sh --check-python: only the check of an explicit $PYTHON below (make setup runs it
+#   before it installs uv with that Python).
 set -euo pipefail
+python=${PYTHON:-python3}
+
+check_python() {  # an explicit PYTHON (not the default python3) must run, or setup stops here
+  local out why
+  [ "$python" = python3 ] && return 0  # the default: where it does not run, python3.X is looked for
+  if ! command -v "$python" >/dev/null; then
+    why="not a command on PATH"
+  elif ! out=$(timeout 60 "$python" -c 'import sys' 2>&1 </dev/null); then
+    out=${out%%$'\n'*}  # its first line: a pyenv shim of a version not installed says which
+    why="it does not run (${out:-no output})"
+  else
+    return 0
+  fi
+  echo "error: PYTHON=$python: $why; name a Python that runs (PYTHON=python3.11), or leave PYTHON out to use python3" >&2
+  exit 1
+}
+check_python
+[ "${1:-}" = --check-python ] && exit 0
+
 name=$1 lock=$2
 shift 2
 versions=("$@")
 venv=${VENV:-.venv}/$name
-python=${PYTHON:-python3}
 uv=${UV:-}
 [ -n "$uv" ] && [ -x "$uv" ] || uv=$(command -v uv || true)
 
