@@ -125,8 +125,9 @@ def _is_file(path: Path) -> bool:
         return False
     except OSError as e:
         raise DatasetError(
-            f"{path.parent}: cannot be read ({e.strerror or e}); fix its permissions "
-            "(chmod a+rx), or set FASHION_MNIST_DIR to a folder with the four .gz files"
+            f"{path.parent}: cannot be read ({e.strerror or e}); fix its permissions or those "
+            "of a folder above it (chmod a+rx), or set FASHION_MNIST_DIR to a folder with the "
+            "four .gz files"
         ) from None
 
 
