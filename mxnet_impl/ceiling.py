@@ -7,7 +7,7 @@ Side by side with torch_impl/ceiling.py and jax_impl/ceiling.py; the training st
 import os
 import sys
 
-from mxnet import autograd, nd
+from mxnet import autograd, gluon, nd
 
 from common import ceiling, cli, devices, harness, profiling
 from mxnet_impl import devices as mdev
@@ -18,7 +18,7 @@ FRAMEWORK = "mxnet"
 
 def lenet_step(cfg, x, y, compiled):
     """LeNet from scratch (its parameters, its summed loss) and MXNet's fused SGD update,
-    lr / batch as in lenet.train_batch (written there as `p - lr * grad / batch`).
+    lr / batch as in lenet.train_batch (written there as `p -= lr / batch * grad`).
     `compiled`: for torch only (refused before: common.cli.check_compile)."""
     params = lenet.get_params(lenet.init_params(cfg.init_std, cfg.seed), x.context)
 
@@ -34,15 +34,16 @@ def lenet_step(cfg, x, y, compiled):
 
 
 def resnet18_step(cfg, x, y, amp, compiled):
-    """ResNet-18 as its training builds it, hybridized, with its Trainer (one context: no
-    kvstore) and resnet18.train_step itself; `amp`: bf16 as in training (resnet18.use_bf16).
-    `compiled`: refused before (Gluon compiles by hybridize)."""
+    """ResNet-18 as its training builds it, hybridized, with its optimizer in a Trainer (one
+    context: no kvstore, as in resnet18.context_list) and resnet18.train_step itself; `amp`:
+    bf16 as in training (resnet18.use_bf16). `compiled`: refused before (Gluon compiles by
+    hybridize)."""
     if amp:
         resnet18.use_bf16()
     net = resnet18.resnet18()
     resnet18.init_weights(net, cfg.init_std, cfg.seed, [x.context])
     net.hybridize()
-    trainer = resnet18.make_optimizer(net, cfg.lr)
+    trainer = gluon.Trainer(net.collect_params(), resnet18.make_optimizer(cfg.lr), kvstore=None)
     return (lambda _: resnet18.train_step(net, trainer, [x], [y], len(y))), None
 
 

@@ -1,5 +1,5 @@
-"""A DevicePlan as MXNet contexts, the barrier for the timer, versions and threads for the record,
-and --profile's tracer."""
+"""A DevicePlan as MXNet contexts, the data set and index batches on them, the barrier for the
+timer, versions and threads for the record, and --profile's tracer."""
 
 import ctypes
 import os
@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import mxnet as mx
+import numpy as np
 
 from common import devices, processes
 
@@ -21,6 +22,41 @@ def get_devices(plan: devices.DevicePlan) -> list[mx.Context]:
             )
         return [mx.gpu(i) for i in range(plan.count)]
     return [mx.cpu(i) for i in range(plan.count)]
+
+
+def to_device(arrays, ctx: mx.Context) -> list[mx.nd.NDArray]:
+    """Host arrays as NDArrays on `ctx`, once, each keeping its dtype (nd.array's default is
+    float32): the data set, whose batches are index slices."""
+    return [mx.nd.array(a, ctx=ctx, dtype=a.dtype) for a in arrays]
+
+
+def one_copy(parts: list[np.ndarray], ctx: mx.Context) -> list[mx.nd.NDArray]:
+    """Index arrays on `ctx` from one copy: a copy per step (a synchronous copy from NumPy)
+    would keep the CPU from queueing the next step while a GPU runs this one."""
+    flat = mx.nd.array(np.concatenate(parts), ctx=ctx, dtype="int64")
+    ends = np.cumsum([len(p) for p in parts])
+    return [flat[int(end) - len(p) : int(end)] for p, end in zip(parts, ends, strict=True)]
+
+
+def add_up(values: list[mx.nd.NDArray]) -> mx.nd.NDArray:
+    """NDArrays of several contexts summed on the first one's (not synced)."""
+    return mx.nd.add_n(*(v.as_in_context(values[0].context) for v in values))
+
+
+def float_sum(values: list[mx.nd.NDArray]) -> float:
+    """NDArray scalars summed as Python floats (float64); each waits for its value."""
+    return sum(float(v.asscalar()) for v in values)
+
+
+class Scalar:
+    """An NDArray of one value that float() reads, waiting for it only then (MXNet's NDArray
+    has no __float__): a loss that common.stages.Repeats keeps in the timed loop."""
+
+    def __init__(self, array: mx.nd.NDArray):
+        self.array = array
+
+    def __float__(self) -> float:
+        return float(self.array.asscalar())
 
 
 def sync(devs=None) -> None:

@@ -27,6 +27,9 @@ N counts the contexts of all workers; each worker uses N / DMLC_NUM_WORKER of it
 and waits at most MXNET_DIST_INIT_TIMEOUT seconds (default 60) for the others to join. ps-lite
 itself never times out: a worker whose peer dies mid-run waits forever, so here (one machine) the
 launcher stops every process as soon as one fails.
+
+A worker's side: `is_worker` (DMLC_ROLE is set), then `join` creates the kvstore, which
+resnet18's `dist_sync` strategy takes with `kvstore()`; `dist_fields` are the record's.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SERVE = [sys.executable, "-c", "import mxnet"]  # a scheduler or server, by its DMLC_ROLE
 POLL_S = 0.2
 EXIT_WAIT_S = 30  # the scheduler and servers end once every worker has finalised
+_joined = []  # this worker's kvstore, once `join` has created it
 
 
 @dataclass
@@ -197,3 +201,54 @@ def _kill(p: _Proc) -> None:
             os.killpg(p.popen.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         p.popen.wait(5)
+
+
+def is_worker() -> bool:
+    """Whether this process is one of ps-lite's (its environment says so; `join` checks that it
+    is a worker's); without DMLC_ROLE it is the launcher."""
+    return "DMLC_ROLE" in os.environ
+
+
+def join(plan: devices.DevicePlan):
+    """Join the kvstore as a worker: (the kvstore, this worker's contexts). ps-lite waits for
+    every peer without a deadline (a missing one would hang the run): MXNET_DIST_INIT_TIMEOUT
+    bounds the wait."""
+    import mxnet as mx
+
+    from mxnet_impl import devices as mdev
+
+    workers, servers = counts(plan.count)
+    needed = ("DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT")
+    if os.environ.get("DMLC_ROLE") != "worker" or not all(map(os.environ.get, needed)):
+        raise config.ConfigError(
+            "strategy dist runs as DMLC_ROLE=worker with DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT "
+            "set (see mxnet_impl/launch.py), or with none of them set (one machine)"
+        )
+    where = f"{os.environ['DMLC_PS_ROOT_URI']}:{os.environ['DMLC_PS_ROOT_PORT']}"
+    wait = processes.env_int("MXNET_DIST_INIT_TIMEOUT", "60", 1)
+    line = (
+        f"error: kvstore dist_sync: the scheduler at {where}, {servers} server(s) and {workers} "
+        f"worker(s) did not all join within {wait} s (MXNET_DIST_INIT_TIMEOUT); start every one"
+    )
+    with processes.deadline(wait, line, cli.EXIT_BAD_INPUT):
+        _joined[:] = [mx.kv.create("dist_sync")]
+    local = devices.DevicePlan(plan.count // workers, plan.platform, plan.virtual)
+    return _joined[0], mdev.get_devices(local)
+
+
+def kvstore():
+    """The kvstore this worker joined (`join`)."""
+    if not _joined:
+        raise RuntimeError("no kvstore: a dist_sync worker joins it first (launch.join)")
+    return _joined[0]
+
+
+def dist_fields(kv) -> dict:
+    """The record's fields of a dist_sync run: the kvstore and its processes."""
+    servers = int(os.environ["DMLC_NUM_SERVER"])
+    return {
+        "kvstore": "dist_sync",
+        "workers": kv.num_workers,
+        "servers": servers,
+        "processes": kv.num_workers + servers + 1,  # and the scheduler
+    }

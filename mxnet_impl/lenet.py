@@ -8,7 +8,7 @@ applies the same SGD step. Side by side with torch_impl/lenet.py and jax_impl/le
 import numpy as np
 from mxnet import autograd, gluon, nd
 
-from common import ceiling, cli, config, data, profiling, timing, training, weights
+from common import config, data, harness, training, weights
 from mxnet_impl import devices as mdev
 
 FRAMEWORK, STRATEGY = "mxnet", "scratch"
@@ -38,8 +38,8 @@ def lenet(X, params):
         return nd.Pooling(x, pool_type="avg", kernel=(2, 2), stride=(2, 2))
 
     def relu(x):
-        # Activation, not nd.relu: oneDNN's kernel, not MXNet's generic one (a step at batch
-        # 256 on a 2-core AVX2 CPU: 148 against 157 ms, the same numbers).
+        # Activation, not nd.relu: oneDNN's kernel, faster than MXNet's generic one, with the
+        # same numbers (docs/design.md, traps).
         return nd.Activation(x, act_type="relu")
 
     h = avg_pool(relu(conv(X, "conv1")))
@@ -93,90 +93,52 @@ def train_batch(X, y, device_params, devices, lr):
         allreduce([params[name].grad for params in device_params])
     for params in device_params:  # every device: the same update with the full batch size
         for p in params.values():
-            # In place, two ops; `p[:] = p - lr * p.grad / n` was four (multiply, divide,
+            # In place, two ops, where `p[:] = p - lr * p.grad / n` takes four (multiply, divide,
             # subtract into a new array, copy back), each dispatched from Python.
             p -= lr / X.shape[0] * p.grad  # grad_req "write": the next backward overwrites
     return nd.add_n(*(l.as_in_context(devices[0]) for l in ls))
 
 
-def evaluate(device_params, X, y, devices, batch_size):
-    """Accuracy on (X, y), every batch split over the devices; the correct count is exact."""
+def evaluate(device_params, X, y, devices):
+    """Correct predictions on the batch (X, y), split over the devices (an int)."""
     correct = 0
-    for start in range(0, len(y), batch_size):
-        X_shards, y_shards = split_batch(
-            X[start : start + batch_size], y[start : start + batch_size], devices
-        )
-        for X_shard, y_shard, params in zip(X_shards, y_shards, device_params, strict=True):
-            hits = nd.argmax(lenet(X_shard, params), axis=1) == y_shard
-            correct += int(hits.sum().asscalar())  # float32 sum of 0/1: exact below 2**24
-    return correct / len(y)
+    X_shards, y_shards = split_batch(X, y, devices)
+    for X_shard, y_shard, params in zip(X_shards, y_shards, device_params, strict=True):
+        hits = nd.argmax(lenet(X_shard, params), axis=1) == y_shard
+        correct += int(hits.sum().asscalar())  # float32 sum of 0/1: exact below 2**24
+    return correct
 
 
-def train(cfg, devices, train_data, test_data, no_progress=False, probe=None, trace=None):
-    """d2l's train(num_gpus, batch_size, lr). Returns the device parameters, EpochLog, timer.
-    `probe`: --ceiling; `trace`: --profile's profiler around the first timed epoch."""
-    X, y = train_data
+def train(cfg, ds, run):
+    """d2l's train(num_gpus, batch_size, lr) on preloaded arrays, on `run.devices`; `run`
+    (common.harness.Run) times, logs and records it. Returns the device parameters."""
+    devices = run.devices
+    # MXNet's labels are floats (nd.pick takes float indices).
+    X, y, X_test, y_test = mdev.to_device(data.as_float(ds, np.float32), devices[0])
     params = init_params(cfg.init_std, cfg.seed)
     device_params = [get_params(params, d) for d in devices]
-    timer = timing.Timer(lambda: mdev.sync(devices), warmup=1, trace=trace)
-    # Warm-up apart from the epochs (first touch, memory pools; compilation in JAX): one step
-    # of each batch shape on throwaway copies, so training itself starts from the initial weights.
-    order = data.batches(len(y), cfg.batch_size, cfg.seed, 0)
-    with timer.region():
-        scratch = [get_params(params, d) for d in devices]
-        for idx in data.warmup_batches(order):
-            idx = nd.array(idx, ctx=X.context, dtype="int64")
-            train_batch(X.take(idx), y.take(idx), scratch, devices, cfg.lr)
-    log = training.EpochLog(cfg.epochs, len(order), ceiling=probe)  # probe: --ceiling
-    for epoch in range(cfg.epochs):
-        batches = data.batches(len(y), cfg.batch_size, cfg.seed, epoch)
-        total = nd.zeros((1,), ctx=devices[0])
-        starts = range(0, len(y), cfg.batch_size)  # the batches, in order
-        # The bar before the clock starts: its first call imports tqdm (50 ms on a CPU).
-        bar = cli.progress(starts, len(batches), f"epoch {epoch + 1}", no_progress)
-        with timer.region():
-            # The epoch's order in one copy: a copy per batch (a synchronous copy from NumPy)
-            # would stop the CPU from queueing the next batch while the GPU runs this one.
-            order = nd.array(np.concatenate(batches), ctx=X.context, dtype="int64")
-            for start in bar:
-                idx = order[start : start + cfg.batch_size]
-                total += train_batch(X.take(idx), y.take(idx), device_params, devices, cfg.lr)
-        acc = evaluate(device_params, *test_data, devices, cfg.batch_size)
-        log.add(float(total.asscalar()) / len(y), acc, timer.times[-1], len(batches), len(y))
-        if log.diverged:  # a non-finite loss: stop, and record what was measured
-            break
-    return device_params, log, timer
+    scratch = [get_params(params, d) for d in devices]  # the warm-up's throwaway copies
+
+    def on_device(batches):  # the batches' indices in one copy (a copy per batch would wait)
+        return mdev.one_copy(batches, X.context)
+
+    for idx in run.warm_up(on_device):  # each batch shape once (first touch, memory pools)
+        train_batch(X.take(idx), y.take(idx), scratch, devices, cfg.lr)
+    for batches in run.epochs(on_device):  # iterating `batches` is the timed epoch
+        losses = [
+            train_batch(X.take(i), y.take(i), device_params, devices, cfg.lr) for i in batches
+        ]
+        hits = [evaluate(device_params, X_test[i], y_test[i], devices) for i in run.test_batches()]
+        run.log(float(sum(losses).asscalar()), sum(hits))
+    return device_params
 
 
-def main(args, plan, cfg) -> None:
+def main(args, plan, cfg, hooks) -> None:
     training.choose_strategy("lenet", FRAMEWORK, args.strategy, (STRATEGY,))
     # Every batch is split evenly over the devices, the epoch's last (partial) one included.
-    n_train = data.train_size(cfg.train_subset)
-    config.check_epoch_split(n_train, cfg.batch_size, plan.count)
+    config.check_epoch_split(data.train_size(cfg.train_subset), cfg.batch_size, plan.count)
     devices = mdev.get_devices(plan)
-    fm = data.load()
-    # Loaded once, as arrays on device 0; batches are sliced from them.
-    train_data, test_data = (
-        (
-            nd.array(data.to_float(images), ctx=devices[0]),
-            nd.array(labels.astype(np.float32), ctx=devices[0]),  # MXNet's labels are floats
-        )
-        for images, labels in (
-            data.subset(fm.train_images, fm.train_labels, cfg.train_subset, cfg.seed),
-            data.subset(fm.test_images, fm.test_labels, cfg.test_subset, cfg.seed),
-        )
-    )
-    probe = ceiling.paired(FRAMEWORK, args, cfg, devices[0])  # --ceiling
-    trace = profiling.tracer(FRAMEWORK, args, "epoch")  # --profile
-    _, log, timer = train(cfg, devices, train_data, test_data, args.no_progress, probe, trace)
-    rec = cli.make_record(
-        FRAMEWORK,
-        args,
-        plan,
-        cfg,
-        mdev.device_names(devices),
-        mdev.versions(),
-        strategy=STRATEGY,
-        **log.record_fields(timer.warmup_seconds),
-    )
-    cli.save(rec, args.results, plan)
+    ds = data.load_subsets(cfg.train_subset, cfg.test_subset, cfg.seed)
+    with harness.Run(args, cfg, ds, devices, mdev.sync, hooks) as run:
+        train(cfg, ds, run)
+    run.save(plan, mdev.device_names(devices), mdev.versions(), STRATEGY)

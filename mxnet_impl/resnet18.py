@@ -1,43 +1,26 @@
 """ResNet-18 on Fashion-MNIST, concise data parallel in MXNet Gluon (d2l 13.6).
 
-Strategy `gluon`, in the function `gluon`: the parameters live on a list of contexts
-(`mx.gpu(0..N-1)`, or `mx.cpu(0..N-1)` as virtual devices), `split_and_load` splits each batch
-over them, every context runs forward/backward on its part, and `gluon.Trainer` with kvstore
-`device` sums the gradients and updates every copy. The network is hybridized.
-
-Strategy `dist`, in the function `dist`: the same on each of several worker processes, which
-MXNet's parameter server (kvstore `dist_sync`) joins: the servers sum the workers' gradients. The
-project starts the scheduler, servers and workers on one machine (mxnet_impl/launch.py, which
-also says how to run them on several); `--gpus N` counts the contexts of all workers.
+Strategies (`--strategy`), each one function that returns (place, shard, step, correct, total)
+(common/training.py, "A strategy"):
+  gluon (default)  `context_list`: one process, the parameters on a list of contexts (`mx.gpu(i)`,
+                   or `mx.cpu(i)` as virtual devices), gradients summed by the kvstore `device`.
+  dist             `dist_sync`: the same in each of several worker processes, joined by MXNet's
+                   parameter server (kvstore dist_sync), whose servers sum the workers' gradients;
+                   mxnet_impl/launch.py starts them (`--gpus N`: all workers' contexts).
 
 BatchNorm statistics are per context, as in d2l: each copy normalises its own part of the batch
 and keeps its own running averages (JAX in this project uses the global batch instead).
 bf16 (`--amp bf16`) is MXNet's AMP (`use_bf16`), on the CPU: MXNet 1.9's bf16 kernels are oneDNN's.
 """
 
-from __future__ import annotations
-
-import os
 import sys
 
 import mxnet as mx
 import numpy as np
-from mxnet import autograd, nd
+from mxnet import autograd, gluon, nd
 from mxnet.gluon import nn
 
-from common import (
-    ceiling,
-    cli,
-    config,
-    data,
-    devices,
-    processes,
-    profiling,
-    timing,
-    training,
-    utilization,
-    weights,
-)
+from common import cli, config, data, harness, training, utilization, weights
 from mxnet_impl import devices as mdev
 from mxnet_impl import launch
 from mxnet_impl import weights as mweights
@@ -65,8 +48,8 @@ class Residual(nn.HybridBlock):
             )
 
     def hybrid_forward(self, F, x):
-        # Activation, not F.relu: MXNet runs Activation with oneDNN and relu with a generic kernel
-        # of its own, which took 17% of the float32 step on 2 CPU cores and half the bf16 step.
+        # Activation, not F.relu: MXNet runs Activation with oneDNN's kernel and relu with a
+        # generic one of its own, far slower on a CPU, in bf16 above all (docs/design.md, traps).
         y = self.conv1(x)
         y = F.Activation(self.bn1(y) if self.bn1 is not None else y, act_type="relu")
         y = self.conv2(y)
@@ -129,8 +112,7 @@ def use_bf16():
     """bf16 the MXNet way: AMP makes every Convolution and FullyConnected built after this call
     run in bf16 (oneDNN's kernels; BatchNorm, ReLU and pooling follow their input), parameters,
     gradients and loss staying float32 (no loss scaling: bf16 has float32's exponent range).
-    It patches MXNet's operators for the whole process, for good: main calls it once, before
-    the network is built."""
+    It patches MXNet's operators for the whole process, for good: main calls it first."""
     from mxnet.contrib import amp
 
     if not mdev.has_bf16():
@@ -147,252 +129,171 @@ def init_weights(net, std, seed, ctx=None):
     return set_weights(net, weights.init_normal(weight_shapes(net), std, seed))
 
 
-def make_optimizer(net, lr, kvstore="device"):
-    # Plain SGD (d2l). The kvstore `device` is Gluon's data-parallel reduction: it sums the
-    # contexts' gradients before the one update of every copy (see `gluon`). A dist_sync kvstore
-    # (see `dist`) also sums over the workers; each worker then updates its own copy
-    # (update_on_kvstore=False), as the servers' update would keep the first step's 1/batch and
-    # an epoch's last batch is smaller.
-    trainer = mx.gluon.Trainer(
-        net.collect_params(), "sgd", {"learning_rate": lr}, kvstore=kvstore,
-        update_on_kvstore=None if kvstore == "device" else False,
-    )  # fmt: skip
-    if kvstore != "device":
-        _pull_initial_weights(trainer)
-    return trainer
-
-
-def _pull_initial_weights(trainer):
-    """Set up the Trainer's dist kvstore now and wait until this worker has its weights.
-
-    The race this prevents (issue 14, about 1 run in 10): the Trainer lazily does, in its first
-    step, kv.broadcast of every weight (worker 0 stores it, every worker pulls it) and then the
-    pushpull of every gradient on the same keys. The pull writes the weight and the pushpull the
-    gradient, different arrays, so the threaded engine does not order them: a worker could push
-    its gradients before its weight pull was served, and once every worker had pushed, the
-    server (no updater: update_on_kvstore=False) held the gradient sum under that key, which
-    the late pull copied into the weight. Waiting here serves every worker's weight pulls
-    before its first push, hence before any round replaces the stored weights."""
-    # Gluon 1.9 has no public call for what its first step does: these two, then the step.
-    trainer._init_kvstore()
-    trainer._init_params()
-    nd.waitall()
+def make_optimizer(lr):
+    """Plain SGD (d2l): the update rule alone, as optax's; each strategy makes the gluon.Trainer
+    that applies it to the parameters on its contexts."""
+    return mx.optimizer.SGD(learning_rate=lr)
 
 
 def loss_fn(logits, labels):
     """Per-sample losses (Gluon's idiom): `Trainer.step(batch_size)` divides their summed
     gradient by the batch size, so the update is that of the mean cross-entropy."""
-    return mx.gluon.loss.SoftmaxCrossEntropyLoss()(logits, labels)
+    return gluon.loss.SoftmaxCrossEntropyLoss()(logits, labels)
 
 
-def train_step(net, trainer, xs, ys, batch_size=None):
-    """One SGD step on a batch already split over the contexts; returns per-context loss sums.
-    `batch_size`: the global batch (`dist`: all workers' parts); default this process's parts."""
+def train_step(net, trainer, xs, ys, batch_size):
+    """One SGD step on a batch split over the contexts (a part of `xs` and `ys` on each);
+    `batch_size`: the global batch, over every process. Each context's summed loss (not synced)."""
     with autograd.record():
         losses = [loss_fn(net(x), y) for x, y in zip(xs, ys, strict=True)]
     for loss in losses:
         loss.backward()
-    trainer.step(batch_size or sum(y.shape[0] for y in ys))
+    trainer.step(batch_size)
     return [loss.sum() for loss in losses]
 
 
-def evaluate(net, xs, ys):
-    """Correct predictions on a batch split over the contexts (BatchNorm in inference mode)."""
-    return sum(
-        (net(x).argmax(axis=1) == y.astype("float32")).sum().asscalar()
-        for x, y in zip(xs, ys, strict=True)
-    )
+def evaluate(net, x, y):
+    """Correct predictions on a batch on one context (not synced), BatchNorm on its running
+    statistics (outside autograd.record)."""
+    return (net(x).argmax(axis=1) == y.astype("float32")).sum()
 
 
 # --- the parallelism: one function per strategy ------------------------------------------------
 
 
-def gluon(net, ctxs):
-    """Gluon's data parallel: a copy of the parameters on every context; each batch is split
-    over the contexts (split_and_load), each context runs forward and backward on its part, and
-    the Trainer's kvstore sums the gradients (make_optimizer). Returns the batch splitter."""
-    net.collect_params().reset_ctx(ctxs)
+def context_list(net, optimizer, devices):
+    """Gluon's data parallel in one process: a copy of the parameters on every context; each
+    batch is split over the contexts (split_and_load), each runs forward and backward on its
+    part, and the Trainer's kvstore `device` sums the gradients, which every context applies to
+    its copy. One context: the Trainer needs no kvstore and makes none."""
+    params = net.collect_params()
+    params.reset_ctx(devices)
+    # The kvstore only sums (update_on_kvstore=False) and each context updates its own copy, so
+    # set_weights sets every copy there is. An updating kvstore keeps one more, which set_weights
+    # would drop, for the next step (a timed one, after the warm-up) to make again.
+    trainer = gluon.Trainer(params, optimizer, kvstore="device", update_on_kvstore=False)
 
-    def split(x_all, y_all, idx):
-        sel = nd.array(idx, ctx=x_all.context, dtype="int64")
-        xs = mx.gluon.utils.split_and_load(nd.take(x_all, sel), ctxs, even_split=False)
-        ys = mx.gluon.utils.split_and_load(nd.take(y_all, sel), ctxs, even_split=False)
-        return xs, ys
+    def split(x, y, rows):  # the rows of x and y (an index NDArray), each split over the contexts
+        return [gluon.utils.split_and_load(a.take(rows), devices, even_split=False) for a in (x, y)]
 
-    return split
+    def place(arrays):  # on the first context, where each batch is split from
+        return mdev.to_device(data.as_float(arrays, np.int32), devices[0])
+
+    def shard(batches):  # every batch whole, in one copy: split_and_load splits it
+        return mdev.one_copy(batches, devices[0])
+
+    def step(x, y, idx):
+        xs, ys = split(x, y, idx)
+        return mdev.add_up(train_step(net, trainer, xs, ys, len(idx)))
+
+    def correct(x, y, idx):
+        xs, ys = split(x, y, nd.array(idx, ctx=devices[0], dtype="int64"))
+        return mdev.add_up([evaluate(net, *xy) for xy in zip(xs, ys, strict=True)])
+
+    def total(losses, hits):  # one process: nothing to add up across processes
+        return mdev.float_sum(losses), mdev.float_sum(hits)
+
+    return place, shard, step, correct, total
 
 
-def dist(net, ctxs, kv):
-    """MXNet's parameter server: this process is worker `kv.rank` of `kv.num_workers` (kvstore
-    dist_sync), with its own contexts set up as in `gluon`. It takes its share of each global
-    batch (the parts its contexts would get if one process had every worker's contexts) and
-    splits it over its contexts; the Trainer (make_optimizer) sums the gradients over its
-    contexts, pushes the sum to the servers, which add up every worker's, and pulls the total,
-    so every worker takes the same step. Returns the splitter of this worker's share."""
-    local = gluon(net, ctxs)
-    slots = kv.num_workers * len(ctxs)
-    kv.init(TOTALS_KEY, nd.zeros(2, dtype="float64"))  # see _sum_over_workers
+def dist_sync(net, optimizer, devices):
+    """MXNet's parameter server: this process is one worker of kvstore dist_sync (launch.py
+    joined it), with its own contexts, as in `context_list`. It takes its share of each global
+    batch and splits it over its contexts; the Trainer sums the gradients over its contexts,
+    pushes the sum to the servers, which add up every worker's, and pulls the total, so every
+    worker takes the same step."""
+    kv, params = launch.kvstore(), net.collect_params()
+    params.reset_ctx(devices)
+    kv.init(TOTALS_KEY, nd.zeros(2, dtype="float64"))  # see `total`
+    # The servers only sum (update_on_kvstore=False) and each worker updates its own copy: the
+    # servers' update would keep the first step's 1/batch, and an epoch's last batch is smaller.
+    trainer = gluon.Trainer(params, optimizer, kvstore=kv, update_on_kvstore=False)
+    # The Trainer's first step pulls the weights, then pushes the gradients on the same keys,
+    # unordered by the engine: a late pull would get a round's gradient sum as the weights. So
+    # the weights are pulled first (that step's own set-up: Gluon 1.9 has no public call).
+    trainer._init_kvstore()
+    trainer._init_params()
+    nd.waitall()
 
-    def split(x_all, y_all, idx):
-        # split_and_load's rule over all the slots: equal parts, the remainder to the last.
-        part = len(idx) // slots * len(ctxs)
+    def own(idx):  # this worker's rows: equal parts per context, the remainder to the last worker
+        part = len(idx) // (kv.num_workers * len(devices)) * len(devices)
         lo = kv.rank * part
-        hi = len(idx) if kv.rank == kv.num_workers - 1 else lo + part
-        return local(x_all, y_all, idx[lo:hi])
+        return idx[lo : len(idx) if kv.rank == kv.num_workers - 1 else lo + part]
 
-    return split
+    def split(x, y, rows):  # the rows of x and y (an index NDArray), each split over the contexts
+        return [gluon.utils.split_and_load(a.take(rows), devices, even_split=False) for a in (x, y)]
 
+    def place(arrays):  # every worker holds the whole data set on its first context
+        return mdev.to_device(data.as_float(arrays, np.int32), devices[0])
 
-def train(
-    net, cfg, ds, devs, strategy, sampler=None, no_progress=False, kv=None, probe=None, trace=None
-):
-    """d2l's train loop on preloaded arrays (on the first context); `kv`: dist's kvstore;
-    `probe`: --ceiling; `trace`: --profile's profiler around the first timed epoch."""
-    init_weights(net, cfg.init_std, cfg.seed, devs[:1])
-    split = dist(net, devs, kv) if strategy == "dist" else gluon(net, devs)
-    net.hybridize()
-    trainer = make_optimizer(net, cfg.lr, "device" if kv is None else kv)
-    x_train, y_train, x_test, y_test = _to_device(ds, devs[0])
-    sampler = sampler or utilization.Sampler("cpu_time")
-    timer = timing.Timer(mdev.sync, warmup=1, trace=trace)
-    first = data.batches(len(ds[1]), cfg.batch_size, cfg.seed, 0)
-    quiet = kv is not None and kv.rank != 0
-    log = training.EpochLog(cfg.epochs, len(first), quiet=quiet, ceiling=probe)
-    # Warm-up apart from the epochs (graph building, memory planning): one step of each batch
-    # shape the epochs will use, then the initial weights are set again (on every context, and
-    # in the kvstore), so every epoch is timed whole.
-    with timer.region():
-        for idx in data.warmup_batches(first[: cfg.steps_per_epoch]):
-            train_step(net, trainer, *split(x_train, y_train, idx), len(idx))
-    set_weights(net, weights.init_normal(weight_shapes(net), cfg.init_std, cfg.seed))
-    for epoch in range(cfg.epochs):
-        steps = data.batches(len(ds[1]), cfg.batch_size, cfg.seed, epoch)[: cfg.steps_per_epoch]
-        losses = []
-        bar = cli.progress(range(len(steps)), len(steps), f"epoch {epoch + 1}", no_progress)
-        with sampler.measure(), timer.region():
-            for idx in steps:
-                losses += train_step(net, trainer, *split(x_train, y_train, idx), len(idx))
-                bar.update(1)
-        bar.close()
-        seen = sum(len(b) for b in steps)
-        correct = sum(
-            evaluate(net, *split(x_test, y_test, idx))
-            for idx in np.array_split(np.arange(len(ds[3])), max(1, len(ds[3]) // 256))
-        )
-        loss = sum(float(loss.asscalar()) for loss in losses)
-        loss, correct = _sum_over_workers(kv, [loss, float(correct)])
-        log.add(loss / seen, correct / len(ds[3]), timer.times[-1], len(steps), seen)
-        if log.diverged:  # a non-finite loss: stop, and record what was measured
-            break
-    return log, timer
+    def shard(batches):  # this worker's share of every global batch, in one copy; and its size
+        rows = mdev.one_copy([own(idx) for idx in batches], devices[0])
+        return zip(rows, [len(idx) for idx in batches], strict=True)
+
+    def step(x, y, part):
+        rows, size = part
+        xs, ys = split(x, y, rows)
+        return mdev.add_up(train_step(net, trainer, xs, ys, size))  # size: the global batch
+
+    def correct(x, y, idx):  # this worker's share of the test batch
+        xs, ys = split(x, y, nd.array(own(idx), ctx=devices[0], dtype="int64"))
+        return mdev.add_up([evaluate(net, *xy) for xy in zip(xs, ys, strict=True)])
+
+    def total(losses, hits):  # summed over the workers: the servers add up what each pushes
+        sums = nd.array([mdev.float_sum(losses), mdev.float_sum(hits)], dtype="float64")
+        kv.push(TOTALS_KEY, sums)
+        kv.pull(TOTALS_KEY, out=sums)
+        return sums.asnumpy().tolist()
+
+    return place, shard, step, correct, total
 
 
-def _sum_over_workers(kv, values):
-    """`dist`: each worker's numbers summed over the workers (dist_sync's servers add up what
-    every worker pushes to a key); otherwise `values` as they are."""
-    if kv is None:
-        return values
-    total = nd.array(values, dtype="float64")
-    kv.push(TOTALS_KEY, total)
-    kv.pull(TOTALS_KEY, out=total)
-    return total.asnumpy().tolist()
+def train(net, cfg, ds, strategy, run):
+    """d2l's train loop on preloaded arrays: `strategy` (one of the functions above) spreads each
+    step over the contexts; `run` (common.harness.Run) times, logs and records it."""
+    place, shard, step, correct, total = strategy(net, make_optimizer(cfg.lr), run.devices)
+    x_train, y_train, x_test, y_test = place(ds)
+    initial = get_weights(net)
+    for part in run.warm_up(shard):  # each batch shape once (graph building, memory planning)
+        step(x_train, y_train, part)
+    set_weights(net, initial)  # the epochs start from the initial weights, on every context
+    for parts in run.epochs(shard):  # iterating `parts` is the timed epoch
+        losses = [step(x_train, y_train, part) for part in parts]
+        hits = [correct(x_test, y_test, idx) for idx in run.test_batches()]
+        run.log(*total(losses, hits))
 
 
-def _to_device(ds, ctx):
-    """(x_train, y_train, x_test, y_test) as NDArrays on `ctx`, once."""
-    x_train, y_train, x_test, y_test = ds
-    return (
-        nd.array(data.to_float(x_train), ctx=ctx),
-        nd.array(y_train.astype(np.int32), ctx=ctx, dtype="int32"),
-        nd.array(data.to_float(x_test), ctx=ctx),
-        nd.array(y_test.astype(np.int32), ctx=ctx, dtype="int32"),
-    )
-
-
-def main(args, plan, cfg):
-    """Check everything, then train here (`gluon`, or one `dist` worker: DMLC_ROLE=worker), or
-    start the dist_sync scheduler, servers and workers on this machine (launch.py)."""
+def main(args, plan, cfg, hooks):
+    """Check everything; then train here (gluon, or one dist worker: DMLC_ROLE is set), or start
+    the dist_sync scheduler, servers and workers on this machine (mxnet_impl/launch.py)."""
     strategy = training.choose_strategy("resnet18", FRAMEWORK, args.strategy, STRATEGIES)
     if args.amp == "bf16":
         use_bf16()  # here, so that a CPU without bf16 kernels fails before dist workers start
-    # d2l 13.6: N devices train with N times the batch and the lr (2 devices: 512 and 0.2).
-    cfg = config.for_devices(cfg, plan.count)
-    if cfg.image_size != 28:
-        raise config.ConfigError("resnet18 trains on Fashion-MNIST at its native 28x28")
-    # Every batch, the epoch's last included, splits evenly: no sample is dropped.
-    config.check_epoch_split(data.train_size(cfg.train_subset), cfg.batch_size, plan.count)
-    if strategy == "dist" and "DMLC_ROLE" not in os.environ:
-        launch.counts(plan.count)  # a bad worker count fails here, before any process starts
-        cmd = [sys.executable, "-m", "mxnet_impl", *_worker_argv(args)]
+    _check(cfg, plan)
+    if strategy == "dist" and not launch.is_worker():
+        cmd = [sys.executable, "-m", "mxnet_impl", *cli.worker_argv(args, strategy="dist")]
         launch.dist_sync(cmd, plan.count, "MXNet dist_sync training")
         return
-    kv, ctxs = _join(plan) if strategy == "dist" else (None, mdev.get_devices(plan))
+    kv, ctxs = launch.join(plan) if strategy == "dist" else (None, mdev.get_devices(plan))
+    # d2l 13.6: 2 devices train with batch 512 and lr 0.2 (the one-device values times 2).
+    cfg = config.for_devices(cfg, plan.count)
     ds = data.load_subsets(cfg.train_subset, cfg.test_subset, cfg.seed)
-    with utilization.sampler_for(plan.platform, len(ctxs)) as sampler:
-        probe = ceiling.paired(FRAMEWORK, args, cfg, ctxs[0])  # --ceiling
-        trace = profiling.tracer(FRAMEWORK, args, "epoch", kv.rank if kv else 0)  # --profile
-        log, timer = train(
-            resnet18(), cfg, ds, ctxs, strategy, sampler, args.no_progress, kv, probe, trace
-        )
-    names, extra = mdev.device_names(ctxs), {**sampler.result(), "amp": args.amp}
-    if kv is not None:
-        if kv.rank != 0:  # worker 0 records the run; the others end as it does
-            if log.diverged:
-                raise training.Diverged(log.diverged, log.train_loss[-1])
-            return
+    net = init_weights(resnet18(), cfg.init_std, cfg.seed, ctxs[:1])
+    net.hybridize()
+    run = harness.Run(args, cfg, ds, ctxs, mdev.sync, hooks, kv.rank if kv else 0)
+    with run.sampling(utilization.sampler_for(plan.platform, len(ctxs))):
+        train(net, cfg, ds, {"gluon": context_list, "dist": dist_sync}[strategy], run)
+    names, extra = mdev.device_names(ctxs), {**run.usage(), "amp": args.amp}
+    if kv is not None:  # every worker's contexts, and the kvstore's processes
         names = [f"worker{r}:{n}" for r in range(kv.num_workers) for n in names]
-        extra.update(_dist_fields(kv))
-    rec = cli.make_record(
-        FRAMEWORK, args, plan, cfg, names, mdev.versions(), strategy=strategy,
-        **log.record_fields(timer.warmup_seconds), extra=extra,
-    )  # fmt: skip
-    cli.save(rec, args.results, plan)
+        extra |= launch.dist_fields(kv)
+    run.save(plan, names, mdev.versions(), strategy, extra)
 
 
-# --- MXNet only: a dist_sync worker, started by launch.py (or by hand, see there) ------------
-
-
-def _join(plan):
-    """This worker's kvstore and contexts. ps-lite waits for every peer without a deadline
-    (a missing one would hang the run): MXNET_DIST_INIT_TIMEOUT bounds the wait."""
-    workers, servers = launch.counts(plan.count)
-    needed = ("DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT")
-    if os.environ.get("DMLC_ROLE") != "worker" or not all(map(os.environ.get, needed)):
-        raise config.ConfigError(
-            "strategy dist runs as DMLC_ROLE=worker with DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT "
-            "set (see mxnet_impl/launch.py), or with none of them set (one machine)"
-        )
-    where = f"{os.environ['DMLC_PS_ROOT_URI']}:{os.environ['DMLC_PS_ROOT_PORT']}"
-    wait = processes.env_int("MXNET_DIST_INIT_TIMEOUT", "60", 1)
-    line = (
-        f"error: kvstore dist_sync: the scheduler at {where}, {servers} server(s) and {workers} "
-        f"worker(s) did not all join within {wait} s (MXNET_DIST_INIT_TIMEOUT); start every one"
-    )
-    with processes.deadline(wait, line, cli.EXIT_BAD_INPUT):
-        kv = mx.kv.create("dist_sync")
-    local = devices.DevicePlan(plan.count // workers, plan.platform, plan.virtual)
-    return kv, mdev.get_devices(local)
-
-
-def _dist_fields(kv):
-    servers = int(os.environ["DMLC_NUM_SERVER"])
-    return {
-        "kvstore": "dist_sync",
-        "workers": kv.num_workers,
-        "servers": servers,
-        "processes": kv.num_workers + servers + 1,  # and the scheduler
-    }
-
-
-def _worker_argv(args):
-    """The command line that reproduces `args` for a worker."""
-    argv = ["--workload", args.workload, "--gpus", str(args.gpus), "--platform", args.platform]
-    argv += ["--preset", args.preset, "--strategy", "dist", "--amp", args.amp]
-    argv += ["--results", str(args.results)]
-    argv += ["--profile", args.profile] if args.profile else []
-    for flag, value in (("--epochs", args.epochs), ("--batch-size", args.batch_size)):
-        if value is not None:
-            argv += [flag, str(value)]
-    if args.lr is not None:
-        argv += ["--lr", str(args.lr)]
-    return argv + (["--no-progress"] if args.no_progress else [])
+def _check(cfg, plan):
+    if cfg.image_size != 28:
+        raise config.ConfigError("resnet18 trains on Fashion-MNIST at its native 28x28")
+    # d2l 13.6: N devices train with N times the batch and the lr (for_devices); every batch,
+    # the epoch's last included, splits evenly: no sample is dropped.
+    cfg = config.for_devices(cfg, plan.count)
+    config.check_epoch_split(data.train_size(cfg.train_subset), cfg.batch_size, plan.count)

@@ -15,7 +15,7 @@ import numpy as np
 from mxnet import autograd, gluon, nd
 from mxnet.gluon import nn
 
-from common import cli, config, profiling, stages, timing
+from common import config, stages, timing
 from common.stages import stage_blocks
 from mxnet_impl import devices as mdev
 from mxnet_impl import weights as mweights
@@ -90,7 +90,7 @@ def split_into_stages(model, devices):
         "stem": [model.conv1, model.bn1, model.relu, model.maxpool],
         "head": [model.avgpool, model.fc],
     }
-    stages = []
+    per_device = []
     for names, device in zip(stage_blocks(len(devices)), devices, strict=True):
         stage = nn.HybridSequential()
         for b in names:
@@ -98,8 +98,8 @@ def split_into_stages(model, devices):
             stage.add(*(parts[b] if b in parts else [getattr(model, layer)[int(i)]]))
         stage.initialize(INIT, ctx=device)
         stage.hybridize()
-        stages.append(stage)
-    return stages
+        per_device.append(stage)
+    return per_device
 
 
 class ModelParallelResNet50(ResNet):
@@ -205,34 +205,27 @@ def use_running_stats(model, on):
         stage.hybridize()  # drops the cached graphs built with the old setting
 
 
-def train(model, cfg, devices, train_bn=True, split_sizes=(None,), traces=None):
-    """The tutorial's loop: MSE on one-hot labels, SGD, `num_batches` steps per timed repeat,
-    `warmup` repeats apart; several `split_sizes` (the sweep) taken round-robin
-    (stages.round_robin). train_bn=False: BatchNorm uses its running statistics, so
-    micro-batches change nothing (tests). `traces`: --profile's, per split size. Returns a
-    Timer and every loss per split size."""
-    # a Trainer needs all its parameters on one set of contexts: one per stage
+def train(model, cfg, devices, repeats, train_bn=True):
+    """The tutorial's loop: MSE on one-hot labels, SGD; each of `repeats` (common.stages.Repeats)
+    a timed repeat of num_batches steps at its split size. train_bn=False: BatchNorm uses its
+    running statistics, so micro-batches change nothing (tests). Returns `repeats`."""
     use_running_stats(model, not train_bn)
+    # a Trainer needs all its parameters on one set of contexts: one per stage
     groups = [s.collect_params() for s in getattr(model, "stages", [model])]
     trainers = [gluon.Trainer(g, "sgd", {"learning_rate": cfg.lr}, kvstore=None) for g in groups]
     inputs, labels = make_data(cfg, devices)
-    timers = {
-        s: timing.Timer(mdev.sync, cfg.warmup, trace=traces and traces[s]) for s in split_sizes
-    }
-    losses = {s: [] for s in split_sizes}
-    for split_size in stages.round_robin(split_sizes, cfg.warmup, cfg.repeats):
+    repeats.sync = mdev.sync
+    for split_size, batches in repeats:
         model.split_size = split_size  # None: the whole batch (single, model_parallel)
-        with timers[split_size].region():
-            for b in range(cfg.num_batches):
-                with autograd.record():
-                    outputs = model(inputs[b])
-                    loss = ((outputs - labels[b]) ** 2).mean()
-                loss.backward()
-                for trainer in trainers:
-                    trainer.step(1)  # the loss is a mean already
-                # read after the clock stops: asscalar() would wait
-                losses[split_size].append(loss)
-    return {s: (timers[s], [loss.asscalar().item() for loss in losses[s]]) for s in split_sizes}
+        for b in batches:
+            with autograd.record():
+                outputs = model(inputs[b])
+                loss = ((outputs - labels[b]) ** 2).mean()
+            loss.backward()
+            for trainer in trainers:
+                trainer.step(1)  # the loss is a mean already
+            repeats.add(mdev.Scalar(loss))  # read after the clock stops: asscalar() would wait
+    return repeats
 
 
 def build(strategy, devices, split_size, num_classes):
@@ -246,29 +239,14 @@ def build(strategy, devices, split_size, num_classes):
     return PipelineParallelResNet50(devices, split_size, num_classes)
 
 
-def run_strategy(args, plan, cfg, devs, strategy, split_sizes=(None,), sweep=False):
-    """Build, train, time and record one strategy, a record per split size; returns them."""
-    used = stages.stage_devices(devs, strategy)
-    shared = len(used) > plan.count  # one GPU: both stages on it
+def measure(args, cfg, devices, strategy, repeats):
+    """Build `strategy`'s model on its devices, train it through `repeats`, and return the
+    record's extra: the stage times where there are stages."""
     mx.random.seed(cfg.seed)
-    model = build(strategy, used, split_sizes[0], cfg.num_classes)
-    traces = profiling.resnet50_traces(FRAMEWORK, args, strategy, split_sizes, sweep)
-    runs = train(model, cfg, used, split_sizes=split_sizes, traces=traces)
-    extra = measure_stages(model, cfg) if strategy != "single" else {}
-    recs = []
-    for split_size, (timer, losses) in runs.items():
-        recs.append(cli.make_record(
-            FRAMEWORK, args, dataclasses.replace(plan, count=min(len(used), plan.count)), cfg,
-            mdev.device_names(used), mdev.versions(), strategy=strategy,
-            **stages.record_fields(cfg, timer, losses, split_size, extra, sweep, shared),
-        ))  # fmt: skip
-        stages.save(recs[-1], args.results, cfg, plan)
-    return recs
+    model = build(strategy, devices, repeats.split_sizes[0], cfg.num_classes)
+    train(model, cfg, devices, repeats)
+    return measure_stages(model, cfg) if strategy != "single" else {}
 
 
-def main(args, plan, cfg):
-    one_gpu = plan.count == 1 and plan.platform == "gpu"
-    strategies = stages.choose_strategies(args, plan.count, STRATEGIES, FRAMEWORK, one_gpu)
-    devs = mdev.get_devices(plan)
-    for strategy, split_sizes, sweep in stages.runs(args, cfg, strategies):
-        run_strategy(args, plan, cfg, devs, strategy, split_sizes, sweep)
+def main(args, plan, cfg, hooks):
+    stages.main(args, plan, cfg, hooks, STRATEGIES, measure)

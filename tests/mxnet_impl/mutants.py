@@ -35,17 +35,17 @@ MUTANTS = [
         "mxnet",
         R18 + "test_two_contexts_equal_one_context",
         "mxnet_impl/resnet18.py",
-        "    trainer.step(batch_size or sum(y.shape[0] for y in ys))",
-        "    trainer.step(batch_size or ys[0].shape[0] * len(ys))",
-        "Trainer.step's batch size as context 0's part times the contexts (4 for 2 + 3)",
+        "        return mdev.add_up(train_step(net, trainer, xs, ys, len(idx)))",
+        "        return mdev.add_up(train_step(net, trainer, xs, ys, xs[0].shape[0] * len(xs)))",
+        "Trainer.step's batch size as context 0's part times the contexts (6 for 3 + 2)",
     ),
     Mutant(
         "mxnet-r18-dist-local-kvstore",
         "mxnet",
         "tests/mxnet_impl/test_dist.py::test_two_workers_equal_one_process_with_two_contexts",
         "mxnet_impl/resnet18.py",
-        'net.collect_params(), "sgd", {"learning_rate": lr}, kvstore=kvstore,',
-        'net.collect_params(), "sgd", {"learning_rate": lr}, kvstore="local",',
+        "gluon.Trainer(params, optimizer, kvstore=kv, update_on_kvstore=False)",
+        'gluon.Trainer(params, optimizer, kvstore="local", update_on_kvstore=False)',
         "each worker's Trainer made with kvstore 'local', not the dist_sync one: never synced",
     ),
     Mutant(
@@ -53,10 +53,10 @@ MUTANTS = [
         "mxnet",
         R18 + "test_warm_up_steps_leave_the_initial_weights",
         "mxnet_impl/resnet18.py",
-        "    set_weights(net, weights.init_normal(weight_shapes(net), cfg.init_std, cfg.seed))",
-        "    for k, v in weights.init_normal(weight_shapes(net), cfg.init_std, cfg.seed).items():\n"
-        "        mweights.named_params(net)[k].data(devs[0])[:] = v",
-        "after warm-up, initial weights written into context 0's copy only (not the kvstore's)",
+        "    set_weights(net, initial)",
+        "    for k, v in initial.items():\n"
+        "        mweights.named_params(net)[k].data(run.devices[0])[:] = v",
+        "after warm-up, initial weights written into context 0's copy only, not context 1's",
     ),
     Mutant(
         "mxnet-lenet-not-in-place",

@@ -14,7 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from common import cli
 from mxnet_impl import launch
+from mxnet_impl.__main__ import load
 from tests.fixtures import numerics
 from tests.mxnet_impl import dist_steps
 
@@ -27,22 +29,21 @@ pytestmark = pytest.mark.multi_device
 def test_two_workers_equal_one_process_with_two_contexts(tmp_path):
     """Rule 1 (tests/fixtures/numerics.py): the same mathematics, so in float64 they agree to
     2**-24. dist_sync carries float64 as it is (its servers sum in the pushed dtype), and each
-    worker updates its own copy with the same sgd_update as the one process. Measured: 1.1e-10
-    (0.002 of the limit), all of it in the conv biases, which start at 0 and whose gradients
-    are sums that nearly cancel (float64 reordering, amplified); the same with
-    OMP_NUM_THREADS=1. Two steps, the second split unevenly (2 + 3): the global batch, not a
-    worker's part, divides the summed gradient.
+    worker updates its own copy with the same sgd_update as the one process. The difference
+    that remains lies in the conv biases, which start at 0 and whose gradients are sums that
+    nearly cancel (float64 reordering, amplified). Two steps, the second split unevenly (2 + 3):
+    the global batch, not a worker's part, divides the summed gradient.
 
-    Issue 14 (fixed): about 1 run in 6 ended with a worker far off (error 0.46, and 3e-4 on the
-    other, whose second step summed the bad worker's gradients): the Trainer's lazy weight pull
-    was served after the first round's gradient sum had replaced the weights on the server; see
-    resnet18._pull_initial_weights. Measured with the fix: 0 of 60 runs (9 of 53 before)."""
+    A worker whose lazy weight pull is served after the first round's gradient sum has replaced
+    the weights on the server ends far off (and the other, whose second step sums its
+    gradients, off too): dist_sync pulls the weights before any step, and this test catches a
+    run where that order is lost."""
     import mxnet as mx
 
     launch.dist_sync(
         [sys.executable, "-m", "tests.mxnet_impl.dist_steps", str(tmp_path)], 2, "dist_steps"
     )
-    start, one = dist_steps.run([mx.cpu(0), mx.cpu(1)])
+    start, one = dist_steps.run([mx.cpu(0), mx.cpu(1)])  # context_list, one process
     one = {k: v[0] for k, v in one.items()}
     workers = [dict(np.load(tmp_path / f"worker{r}.npz")) for r in range(2)]
     # The steps moved the weights far more than the limit: the check can see a wrong step.
@@ -160,3 +161,44 @@ def test_processes_that_all_ended_between_two_polls_are_still_checked(capsys):
         launch._watch(procs, "MXNet dist_sync training")
     assert stop.value.code == 2 and capsys.readouterr().err == "error: bad\n"
     launch._watch(procs[:2], "MXNet dist_sync training")  # all ended well: returns
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--workload", "resnet18", "--gpus", "4", "--strategy", "dist"],
+        ["--workload", "resnet18", "--gpus", "2", "--platform", "cpu", "--preset", "cpu"]
+        + ["--epochs", "3", "--batch-size", "8", "--lr", "0.05", "--amp", "bf16"]
+        + ["--results", "rel/r.jsonl", "--profile", "rel/p", "--no-progress"],
+    ],
+)
+def test_the_worker_command_line_reproduces_the_launchers(argv, tmp_path, monkeypatch):
+    """Each dist_sync worker runs `python -m mxnet_impl` with cli.worker_argv's command line
+    (from ROOT): it means every option the user gave, paths resolved where the user stood."""
+    monkeypatch.chdir(tmp_path)
+    parser = cli.parser("mxnet")
+    args = parser.parse_args(argv)
+    again = parser.parse_args(cli.worker_argv(args, strategy="dist"))
+    want = vars(args) | {"strategy": "dist"}
+    want |= {k: str(tmp_path / want[k]) for k in ("results", "profile") if want[k]}
+    assert vars(again) == want
+
+
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [
+        ("--ceiling", "--ceiling runs in one process on one device: drop it"),
+        ("--compile", "--compile is for torch: MXNet's resnet18 and resnet50 are hybridized"),
+    ],
+)
+def test_a_dist_run_refuses_ceiling_and_compile_before_any_process_starts(
+    flag, message, tmp_path, capsys
+):
+    """The launcher refuses them in one line (common.cli), as a worker would; none starts."""
+    argv = ["--workload", "resnet18", "--strategy", "dist", "--gpus", "2", "--platform", "cpu"]
+    argv += ["--preset", "smoke", "--results", str(tmp_path / "r.jsonl"), flag]
+    args = cli.parser("mxnet").parse_args(argv)
+    assert flag in cli.worker_argv(args, strategy="dist")  # a worker would be told it too
+    assert cli.run("mxnet", argv, load=load) == cli.EXIT_BAD_INPUT
+    assert message in capsys.readouterr().err.strip().splitlines()[-1]
+    assert not (tmp_path / "r.jsonl").exists()

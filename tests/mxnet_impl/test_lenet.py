@@ -9,6 +9,7 @@ from mxnet import nd
 from common import cli, config, devices, results
 from mxnet_impl import devices as mdev
 from mxnet_impl import lenet
+from mxnet_impl.__main__ import load
 from tests.fixtures import lenet_reference as ref
 from tests.fixtures import numerics
 
@@ -84,6 +85,19 @@ def test_get_params_places_an_independent_copy_on_each_context():
         assert all(p.context == d and p.grad is not None for p in copy.values())
 
 
+@pytest.mark.multi_device
+def test_evaluate_counts_the_correct_predictions_of_a_batch_split_over_the_devices():
+    """One batch of 7 images, split over 1, 2 and 3 devices (unevenly for 2 and 3), labelled so
+    that the one-device logits get 4 of them right: every split counts 4."""
+    X = nd.array(np.random.default_rng(3).random((7, 1, 28, 28)))
+    params = lenet.init_params(0.3, 0)
+    predicted = lenet.lenet(X, params).asnumpy().argmax(axis=1)
+    y = nd.array(np.where(np.arange(7) < 4, predicted, (predicted + 1) % 10))
+    for n in (1, 2, 3):
+        device_params = [lenet.get_params(params, d) for d in cpus(n)]
+        assert lenet.evaluate(device_params, X, y, cpus(n)) == 4, n
+
+
 # --- data parallel equals one device ---------------------------------------------------------
 
 
@@ -154,16 +168,14 @@ def test_float32_first_loss_matches_the_fixture():
 
 
 def argv(tmp_path, *extra):
-    return [
-        "--workload", "lenet", "--platform", "cpu", "--preset", "smoke", "--no-progress",
-        "--results", str(tmp_path / "r.jsonl"), *extra,
-    ]  # fmt: skip
+    common = ["--workload", "lenet", "--platform", "cpu", "--preset", "smoke", "--no-progress"]
+    return [*common, "--results", str(tmp_path / "r.jsonl"), *extra]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("n", [1, pytest.param(2, marks=pytest.mark.multi_device)])
 def test_smoke_run_writes_one_valid_record(tmp_path, capsys, n):
-    assert cli.run("mxnet", argv(tmp_path, "--gpus", str(n))) == 0
+    assert cli.run("mxnet", argv(tmp_path, "--gpus", str(n)), load=load) == 0
     (rec,) = results.load(tmp_path / "r.jsonl")
     cfg = config.get_config("lenet", "smoke")
     assert (rec.framework, rec.strategy, rec.devices, rec.virtual) == ("mxnet", "scratch", n, True)
@@ -195,7 +207,7 @@ def test_smoke_run_writes_one_valid_record(tmp_path, capsys, n):
     ],
 )
 def test_bad_input_is_one_clear_line_and_no_record(tmp_path, capsys, extra, message):
-    assert cli.run("mxnet", argv(tmp_path, *extra)) == cli.EXIT_BAD_INPUT
+    assert cli.run("mxnet", argv(tmp_path, *extra), load=load) == cli.EXIT_BAD_INPUT
     last = capsys.readouterr().err.splitlines()[-1]  # after the virtual-device note, if any
     assert last.startswith("error: ") and message in last
     assert not (tmp_path / "r.jsonl").exists()
@@ -203,10 +215,10 @@ def test_bad_input_is_one_clear_line_and_no_record(tmp_path, capsys, extra, mess
 
 def test_unknown_preset_is_refused_without_a_record(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:  # the command line refuses it ...
-        cli.run("mxnet", [*argv(tmp_path), "--preset", "huge"])
+        cli.run("mxnet", [*argv(tmp_path), "--preset", "huge"], load=load)
     assert e.value.code == 2 and "invalid choice: 'huge'" in capsys.readouterr().err
     args = cli.parser("mxnet").parse_args(argv(tmp_path))
     args.preset = "huge"  # ... and so does main, called directly
     with pytest.raises(config.ConfigError, match="unknown preset 'huge'"):
-        lenet.main(args, devices.DevicePlan(1, "cpu", virtual=True), cli.config_of(args))
+        lenet.main(args, devices.DevicePlan(1, "cpu", True), cli.config_of(args), load("lenet")[1])
     assert not (tmp_path / "r.jsonl").exists()

@@ -13,10 +13,12 @@ from mxnet import autograd, nd
 
 from common import cli, config, devices, stages, weights
 from mxnet_impl import resnet50 as r50
+from mxnet_impl.__main__ import load
 from tests.fixtures import make_resnet50_fixture as fixture_gen
 from tests.fixtures import numerics
 
 DEVS = [mx.cpu(0), mx.cpu(1)]
+HOOKS = load("resnet50")[1]  # what python -m mxnet_impl hands to main
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 BATCH = 4
 # Rule 2's rounding factor for the toy's step: net1, net2 and the loss forward, then the
@@ -240,7 +242,7 @@ def read(path):
 def test_main_default_and_sweep_write_records(tmp_path):
     plan = devices.DevicePlan(2, "cpu", True)
     args = args_for(tmp_path)
-    r50.main(args, plan, cli.config_of(args))
+    r50.main(args, plan, cli.config_of(args), HOOKS)
     recs = read(args.results)
     assert [r["strategy"] for r in recs] == ["single", "model_parallel", "pipeline"]
     assert recs[0]["devices"] == 1 and recs[2]["split_size"] == 2
@@ -252,7 +254,7 @@ def test_main_default_and_sweep_write_records(tmp_path):
         assert e["stage_peak_memory_bytes"] == [8 * n for n in e["stage_params"]]
     assert all(r["images_per_sec"] > 0 and r["seconds"]["n"] == 1 for r in recs)
     sweep = args_for(tmp_path, sweep=True)
-    r50.main(sweep, plan, cli.config_of(sweep))
+    r50.main(sweep, plan, cli.config_of(sweep), HOOKS)
     sweep = read(args.results)[3:]
     assert [(r["strategy"], r["split_size"], r["extra"]["sweep"]) for r in sweep] == [
         ("pipeline", s, True) for s in (1, 2, 4)
@@ -267,7 +269,7 @@ def test_sweep_takes_the_split_sizes_round_robin(tmp_path):
     model, seen = r50.build("pipeline", DEVS, 1, cfg.num_classes), []
     forward = model.forward
     model.forward = lambda x: seen.append(model.split_size) or forward(x)
-    runs = r50.train(model, cfg, DEVS, split_sizes=(1, 2, 4))
+    runs = r50.train(model, cfg, DEVS, stages.Repeats(cfg, (1, 2, 4))).results()
     order = stages.round_robin((1, 2, 4), cfg.warmup, cfg.repeats)
     assert seen == [s for s in order for _ in range(cfg.num_batches)]
     assert {s: len(t.times) for s, (t, _) in runs.items()} == {1: 2, 2: 2, 4: 2}
@@ -283,5 +285,5 @@ def test_main_refuses_bad_requests_before_writing(tmp_path):
     ]
     for args, plan, message in cases:
         with pytest.raises(config.ConfigError, match=message):
-            r50.main(args, plan, cli.config_of(args))
+            r50.main(args, plan, cli.config_of(args), HOOKS)
     assert not (tmp_path / "r.jsonl").exists()
