@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from common import cli, config, data, devices, profiling, results, timing
+from common import checks, cli, config, data, devices, profiling, results, timing
 
 STRATEGY = "ceiling"  # the record's strategy: compare/ keeps it apart from training records
 WORKLOADS = ("lenet", "resnet18")
@@ -55,7 +55,7 @@ def parser(framework: str) -> argparse.ArgumentParser:
         "--profile", default=None, metavar="DIR", help="trace the first timed repeat into DIR"
     )
     p.add_argument("--no-progress", action="store_true", help="accepted, as by training runs")
-    # cli.check_compile reads the strategy: the ceiling has none of the training's, so the
+    # checks.check_compile reads the strategy: the ceiling has none of the training's, so the
     # default (lenet: scratch, resnet18: ddp, both of which compile) applies.
     p.set_defaults(strategy=None, sweep=False)
     return p
@@ -78,8 +78,8 @@ def check(framework: str, args: argparse.Namespace):
     if args.preset is None:
         args.preset = config.default_preset(plan.platform == "gpu")
     cfg = config.get_config(args.workload, args.preset)
-    cli.check_compile(framework, args, plan.count)
-    cli.check_amp(framework, args, plan.platform)
+    checks.check_compile(framework, args, plan.count)
+    checks.check_amp(framework, args, plan.platform)
     config.check_epoch_split(data.train_size(cfg.train_subset), cfg.batch_size, 1)
     profiling.check(framework, args)
     results.check_writable(args.results)  # before the measurement, not after
@@ -91,7 +91,7 @@ def run(framework: str, main: Callable, argv: list[str] | None = None) -> int:
     args = parser(framework).parse_args(argv)
     try:
         plan, cfg = check(framework, args)
-        for note in (devices.notice(plan), cli.bf16_note(framework, args, plan.platform)):
+        for note in (devices.notice(plan), checks.bf16_note(framework, args, plan.platform)):
             if note:
                 print(note, file=sys.stderr)
         main(args, plan, cfg)

@@ -14,7 +14,19 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from common import config, data, devices, flops, processes, profiling, results, training, weights
+from common import (
+    checks,
+    config,
+    data,
+    devices,
+    flops,
+    processes,
+    profiling,
+    results,
+    signals,
+    training,
+    weights,
+)
 
 EXIT_BAD_INPUT = 2
 EXIT_DIVERGED = 4
@@ -126,122 +138,6 @@ def overrides(args: argparse.Namespace) -> dict:
     }
 
 
-COMPILE_SCOPE = "--compile applies to torch lenet, resnet18 and resnet50 single"
-
-
-def check_compile(framework: str, args: argparse.Namespace, n_devices: int) -> None:
-    """--compile asks for torch.compile, torch's counterpart of JAX's jit and Gluon's hybridize:
-    refused in one line where there is no eager torch path to compile."""
-    if not getattr(args, "compile", False):
-        return
-    if framework == "jax":
-        raise config.ConfigError("--compile is for torch: JAX always compiles (jit); drop it")
-    if framework == "mxnet":
-        raise config.ConfigError(
-            "--compile is for torch: MXNet's resnet18 and resnet50 are hybridized (compiled) "
-            "already and its lenet runs NDArray operations, which do not compile; drop it"
-        )
-    if args.workload == "resnet50" and args.sweep:
-        raise config.ConfigError(f"{COMPILE_SCOPE}, not the --sweep; drop it")
-    default = "single" if n_devices == 1 else "single, model_parallel and pipeline"
-    strategy = args.strategy or (default if args.workload == "resnet50" else "ddp")
-    if args.workload == "resnet50" and strategy != "single":
-        raise config.ConfigError(f"{COMPILE_SCOPE}, not resnet50 {strategy}; drop it")
-    if args.workload == "resnet18" and strategy == "dataparallel" and n_devices > 1:
-        # nn.DataParallel copies the module onto each GPU per step; a compiled module's copies
-        # would all call the original on GPU 0. DDP compiles the module of each process.
-        raise config.ConfigError("--compile with dataparallel runs on 1 GPU; use --strategy ddp")
-
-
-def check_amp(framework: str, args: argparse.Namespace, platform: str) -> None:
-    """--amp bf16 where a bf16 path exists, else one line (resnet50's is in stages)."""
-    if getattr(args, "amp", "off") == "off":
-        return
-    if args.workload == "lenet":
-        raise config.ConfigError("lenet runs in float32 only, like the book; drop --amp")
-    if framework == "mxnet" and platform == "gpu":
-        raise config.ConfigError(
-            "MXNet 1.9's bf16 kernels are oneDNN's, for the CPU: on a GPU use --amp off"
-        )
-
-
-def check_ceiling(args: argparse.Namespace, n_devices: int) -> None:
-    """--ceiling times the framework's ceiling (common/ceiling.py) inside the run: one device."""
-    if not getattr(args, "ceiling", False):
-        return
-    if args.workload == "resnet50":
-        raise config.ConfigError(
-            "--ceiling covers lenet and resnet18 (resnet50's repeats are a tight loop already)"
-        )
-    processes = os.environ.get("JAX_NUM_PROCESSES", "1").strip() not in ("", "1")
-    if n_devices != 1 or getattr(args, "nnodes", None) or args.strategy == "dist" or processes:
-        raise config.ConfigError("--ceiling runs in one process on one device: drop it")
-
-
-def bf16_note(framework: str, args: argparse.Namespace, platform: str) -> str | None:
-    """A note where --amp bf16 runs but cannot pay: torch or JAX on a CPU without bf16
-    arithmetic (devices.cpu_has_bf16; MXNet refuses there or emulates, docs/design.md)."""
-    if getattr(args, "amp", "off") != "bf16" or framework == "mxnet" or platform != "cpu":
-        return None
-    if devices.cpu_has_bf16():
-        return None
-    return f"note: this CPU has no bf16 arithmetic (AVX512_BF16 or AMX): {BF16_COST[framework]}"
-
-
-# What bf16 cost on a CPU without bf16 arithmetic (results/cpu-avx2-2core.jsonl).
-BF16_COST = {
-    "torch": "torch's bf16 convolutions fall back to generic kernels, measured at 21x float32's "
-    "time on an AVX2 CPU; use --amp off",
-    "jax": "XLA's bf16 steps took 0.72-1.19x float32's time on an AVX2 CPU (three measured "
-    "pairs): no consistent gain",
-}
-
-
-NODE_OPTIONS = ("--nnodes", "--node-rank", "--rdzv-endpoint", "--rdzv-timeout")
-NODES_SCOPE = "--nnodes, --node-rank and --rdzv-* apply to torch resnet18 ddp"
-
-
-def check_nodes(framework: str, args: argparse.Namespace) -> None:
-    """The options of a run over several machines (torchrun's c10d rendezvous): refused in one
-    line where they do not apply, and checked before a framework is imported."""
-    given = [o for o in NODE_OPTIONS if getattr(args, o[2:].replace("-", "_"), None) is not None]
-    if not given:
-        return
-    if framework == "jax":
-        raise config.ConfigError(
-            f"{given[0]} is for torch: JAX's processes meet through JAX_COORDINATOR_ADDRESS, "
-            "JAX_NUM_PROCESSES and JAX_PROCESS_ID (jax_impl/resnet18.py); drop it"
-        )
-    if framework == "mxnet":
-        raise config.ConfigError(
-            f"{given[0]} is for torch: MXNet's machines meet through the DMLC_* variables "
-            "(mxnet_impl/launch.py); drop it"
-        )
-    if args.workload != "resnet18":
-        raise config.ConfigError(f"{NODES_SCOPE}, not {args.workload}; drop {given[0]}")
-    if args.strategy not in (None, "ddp"):
-        raise config.ConfigError(f"{NODES_SCOPE}, not resnet18 {args.strategy}; drop {given[0]}")
-    missing = [o for o in NODE_OPTIONS[:3] if o not in given]
-    if missing:
-        raise config.ConfigError(
-            f"a run over several machines needs --nnodes, --node-rank and --rdzv-endpoint on "
-            f"every node; {missing[0]} is missing"
-        )
-    if args.nnodes < 2:
-        raise config.ConfigError(
-            f"--nnodes must be at least 2, got {args.nnodes}; on one machine drop --nnodes, "
-            "--node-rank and --rdzv-*"
-        )
-    if not 0 <= args.node_rank < args.nnodes:
-        raise config.ConfigError(
-            f"--node-rank must be 0 to {args.nnodes - 1} for --nnodes {args.nnodes}, got "
-            f"{args.node_rank}; give each node its own"
-        )
-    processes.port_of(args.rdzv_endpoint, "--rdzv-endpoint")
-    if args.rdzv_timeout is not None and args.rdzv_timeout < 1:
-        raise config.ConfigError(f"--rdzv-timeout must be at least 1 s, got {args.rdzv_timeout}")
-
-
 def config_of(args: argparse.Namespace):
     """The workload's config at the chosen preset with the command line's overrides."""
     return config.get_config(args.workload, args.preset, **overrides(args))
@@ -253,16 +149,17 @@ def run(
     before_import: Callable[[devices.DevicePlan], None] | None = None,
     load: Callable | None = None,
 ) -> int:
-    """`start`, with bad input, a diverged run and a Ctrl-C each ending in one line and its
-    exit code; 0 when the run is recorded."""
+    """`start`, with bad input, a diverged run and a stop (Ctrl-C, SIGTERM, SIGHUP) each
+    ending in one line and its exit code; 0 when the run is recorded."""
     try:
-        start(framework, argv, before_import, load)
+        with signals.as_interrupt():
+            start(framework, argv, before_import, load)
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return exit_code(e)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         print("interrupted; no record written", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return signals.exit_code(e)
     return 0
 
 
@@ -275,14 +172,16 @@ def start(framework, argv=None, before_import=None, load=None) -> None:
     `load(workload)`, the framework's (`<framework>_impl/__main__.py`): the workload's module and
     the framework's harness.Hooks; then the module's `main(args, plan, cfg, hooks)`."""
     args = parser(framework).parse_args(argv)
+    absolute_paths()
     plan = devices.plan(args.gpus, args.platform)
     if args.preset is None:
         args.preset = config.default_preset(plan.platform == "gpu")
     cfg = config_of(args)
-    check_compile(framework, args, plan.count)
-    check_amp(framework, args, plan.platform)
-    check_ceiling(args, plan.count)
-    check_nodes(framework, args)
+    checks.check_compile(framework, args, plan.count)
+    checks.check_amp(framework, args, plan.platform)
+    checks.check_ceiling(args, plan.count)
+    checks.check_nodes(framework, args)
+    processes.check_environment(framework, args.workload, args.strategy)
     profiling.check(framework, args, plan.count)
     results.check_writable(args.results)  # before hours of training, not after
     if args.workload in ("lenet", "resnet18"):
@@ -295,9 +194,20 @@ def start(framework, argv=None, before_import=None, load=None) -> None:
     note = devices.notice(plan)
     if note and not os.environ.get(NOTE_SHOWN_ENV):
         print(note, file=sys.stderr)
-    if bf16 := bf16_note(framework, args, plan.platform):
+    if bf16 := checks.bf16_note(framework, args, plan.platform):
         print(bf16, file=sys.stderr)
     module.main(args, plan, cfg, hooks)
+
+
+PATH_ENVS = ("FASHION_MNIST_DIR", "XDG_CACHE_HOME")
+
+
+def absolute_paths() -> None:
+    """The folders named in the environment, made absolute here: the workers that a launcher
+    starts run in the repository's folder, where a relative name means another place."""
+    for name in PATH_ENVS:
+        if os.environ.get(name):
+            os.environ[name] = str(Path(os.environ[name]).absolute())
 
 
 def worker_argv(args: argparse.Namespace, **changes) -> list[str]:

@@ -215,6 +215,7 @@ class Repeats:
     def __init__(self, cfg, split_sizes=(None,), traces=None, sync=None):
         self.cfg, self.split_sizes = cfg, tuple(split_sizes)
         self.sync = sync or (lambda: None)
+        self.read = float  # a kept loss as a float (MXNet: NDArray.asscalar)
         self.timers = {
             s: timing.Timer(lambda: self.sync(), cfg.warmup, trace=(traces or {}).get(s))
             for s in self.split_sizes
@@ -236,4 +237,7 @@ class Repeats:
 
     def results(self) -> dict:
         """{split size: (its Timer, its losses as floats)}, read after every clock stopped."""
-        return {s: (self.timers[s], [float(x) for x in self.losses[s]]) for s in self.split_sizes}
+        return {
+            s: (self.timers[s], [float(self.read(x)) for x in self.losses[s]])
+            for s in self.split_sizes
+        }

@@ -15,13 +15,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import shutil
-import signal
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from common import config, devices, processes
+from common import config, devices, processes, signals
 from common.results import ResultsError, check_writable
 from compare.plan import ALL, Plan, PlanError, Step, make_plan, select
 from compare.progress import Progress, about
@@ -233,16 +232,17 @@ def main(argv: list[str] | None = None, runner=stream, echo=print) -> int:
     if note:
         echo(note)
     start = time.perf_counter()
-    # A SIGTERM (a shell's `timeout` around this command) ends it as a Ctrl-C does: the run
-    # under way is stopped with its workers (compare/stream.py), not left running on its own.
-    before = signal.signal(signal.SIGTERM, _interrupt)
+    # A SIGTERM (a shell's `timeout` around this command) or a SIGHUP (its terminal closed)
+    # ends it as a Ctrl-C does: the run under way is stopped with its workers
+    # (compare/stream.py), not left running on its own.
     try:
-        outcomes = execute(plan, results, Path(args.venv), echo, runner, args.timeout, args.python)
-    except KeyboardInterrupt:
+        with signals.as_interrupt():
+            outcomes = execute(
+                plan, results, Path(args.venv), echo, runner, args.timeout, args.python
+            )
+    except KeyboardInterrupt as e:
         print("\ninterrupted", file=sys.stderr)
-        return 130
-    finally:
-        signal.signal(signal.SIGTERM, before)
+        return signals.exit_code(e)
     summary(outcomes, plan, echo)
     echo(f"total {time.perf_counter() - start:.1f} s; writing the report")
     notes = [f"{fw} was not set up on this machine: {why}" for fw, why in unset.items()]
@@ -251,10 +251,6 @@ def main(argv: list[str] | None = None, runner=stream, echo=print) -> int:
         [results], args.out, args.html, plan.preset, plan.platform, echo=echo, notes=notes
     )
     return 0 if code == 0 and all(o.ok for o in outcomes) else 1
-
-
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
 
 
 def skip_notes(plan: Plan, unset: dict[str, str]) -> list[str]:

@@ -19,7 +19,7 @@ FRAMEWORK = "mxnet"
 def lenet_step(cfg, x, y, compiled):
     """LeNet from scratch (its parameters, its summed loss) and MXNet's fused SGD update,
     lr / batch as in lenet.train_batch (written there as `p -= lr / batch * grad`).
-    `compiled`: for torch only (refused before: common.cli.check_compile)."""
+    `compiled`: for torch only (refused before: common.checks.check_compile)."""
     params = lenet.get_params(lenet.init_params(cfg.init_std, cfg.seed), x.context)
 
     def step(_):

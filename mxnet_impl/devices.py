@@ -48,17 +48,6 @@ def float_sum(values: list[mx.nd.NDArray]) -> float:
     return sum(float(v.asscalar()) for v in values)
 
 
-class Scalar:
-    """An NDArray of one value that float() reads, waiting for it only then (MXNet's NDArray
-    has no __float__): a loss that common.stages.Repeats keeps in the timed loop."""
-
-    def __init__(self, array: mx.nd.NDArray):
-        self.array = array
-
-    def __float__(self) -> float:
-        return float(self.array.asscalar())
-
-
 def sync(devs=None) -> None:
     """MXNet's engine is asynchronous: wait for every queued operation."""
     mx.nd.waitall()

@@ -45,10 +45,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common import cli, config, devices, processes
+from common import cli, config, devices, processes, signals
 
 ROOT = Path(__file__).resolve().parent.parent
-SERVE = [sys.executable, "-c", "import mxnet"]  # a scheduler or server, by its DMLC_ROLE
+# A scheduler or server, by its DMLC_ROLE; it ends with its launcher, even a SIGKILLed one.
+SERVE = [sys.executable, "-c", "from common import signals; signals.watch_parent(); import mxnet"]
+LAUNCHED_ENV = "MULTIDEVICE_LAUNCHED"  # set for the processes this launcher starts
 POLL_S = 0.2
 EXIT_WAIT_S = 30  # the scheduler and servers end once every worker has finalised
 _joined = []  # this worker's kvstore, once `join` has created it
@@ -119,6 +121,7 @@ def _environment(workers: int, servers: int, port: int) -> dict:
     env[devices.OMP_THREADS_ENV] = str(max(1, budget // workers))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env[cli.NOTE_SHOWN_ENV] = "1"  # this process (cli.run) already said the devices are virtual
+    env[LAUNCHED_ENV] = "1"  # its workers end with it (`join`)
     return env
 
 
@@ -217,6 +220,8 @@ def join(plan: devices.DevicePlan):
 
     from mxnet_impl import devices as mdev
 
+    if os.environ.get(LAUNCHED_ENV):  # the launcher gone, even SIGKILLed: stop, write nothing
+        signals.watch_parent()
     workers, servers = counts(plan.count)
     needed = ("DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT")
     if os.environ.get("DMLC_ROLE") != "worker" or not all(map(os.environ.get, needed)):

@@ -214,7 +214,7 @@ def train(model, cfg, devices, repeats, train_bn=True):
     groups = [s.collect_params() for s in getattr(model, "stages", [model])]
     trainers = [gluon.Trainer(g, "sgd", {"learning_rate": cfg.lr}, kvstore=None) for g in groups]
     inputs, labels = make_data(cfg, devices)
-    repeats.sync = mdev.sync
+    repeats.sync, repeats.read = mdev.sync, lambda loss: loss.asscalar()
     for split_size, batches in repeats:
         model.split_size = split_size  # None: the whole batch (single, model_parallel)
         for b in batches:
@@ -224,7 +224,7 @@ def train(model, cfg, devices, repeats, train_bn=True):
             loss.backward()
             for trainer in trainers:
                 trainer.step(1)  # the loss is a mean already
-            repeats.add(mdev.Scalar(loss))  # read after the clock stops: asscalar() would wait
+            repeats.add(loss)  # read after the clock stops: asscalar() would wait
     return repeats
 
 

@@ -51,7 +51,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from common import cli, config, devices, processes
+from common import cli, config, devices, processes, signals
 
 ROOT = Path(__file__).resolve().parent.parent
 ERROR_FILE_ENV = "MULTIDEVICE_WORKER_ERROR_FILE"  # where a worker leaves its one-line error
@@ -61,6 +61,7 @@ RDZV_ID = "multidevice"  # the same on every node: the nodes of one command meet
 TORCH_MARGIN_S = 60  # torch's own rendezvous timeouts end this much after the launcher's
 POLL_S = 0.2
 STOP_WAIT_S = 40  # after SIGTERM torchrun gives its workers 30 s to end, then kills them
+LOOPBACK_ENV = "MULTIDEVICE_LOOPBACK"  # one machine: every socket on 127.0.0.1 (_loopback)
 COLLECTIVE_TIMEOUT_S = 300  # a rank stuck in a collective fails after this, never hangs forever
 
 
@@ -75,7 +76,7 @@ class Nodes:
 
     @classmethod
     def of(cls, args) -> Nodes | None:
-        """From the command line (checked by cli.check_nodes); None on one machine."""
+        """From the command line (checked by checks.check_nodes); None on one machine."""
         if getattr(args, "nnodes", None) is None:
             return None
         timeout = args.rdzv_timeout or cli.RDZV_TIMEOUT_S
@@ -136,24 +137,63 @@ def torchrun(argv: list[str], nproc: int, what: str, nodes: Nodes | None = None,
     env.setdefault(devices.OMP_THREADS_ENV, str(max(1, devices.cores_allowed() // nproc)))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env[cli.NOTE_SHOWN_ENV] = "1"  # this process (cli.run) already said the devices are virtual
+    env.setdefault("LOGLEVEL", "ERROR")  # torchrun's warnings as it stops: the launcher says it
     cmd = [sys.executable, "-m", "torch_impl.torchrun"]  # torch.distributed.run, quiet if stopped
-    cmd += nodes.torchrun_options() if nodes else ["--standalone"]
-    cmd += [f"--nproc-per-node={nproc}", "--monitor-interval=0.5", "-m", "torch_impl", *argv]
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in (ERROR_FILE_ENV, READY_FILE_ENV, PIDS_FILE_ENV):
-            env[name] = str(Path(tmp) / name.lower())
-        rc = _run(cmd, env, nodes)
-        if rc == 0:
-            return
-        # A worker's own error is the line to end on, with its code (the first, where several
-        # workers failed), not torchrun's summary of it.
-        said = Path(env[ERROR_FILE_ENV])
-        if said.is_file():
-            code, line = said.read_text().splitlines()[0].split(" ", 1)
-            print(line, file=sys.stderr)
-            raise SystemExit(int(code))
-        met = nodes is None or Path(env[READY_FILE_ENV]).exists()
+    with contextlib.ExitStack() as stack:
+        cmd += nodes.torchrun_options() if nodes else stack.enter_context(_loopback(env))
+        cmd += [f"--nproc-per-node={nproc}", "--monitor-interval=0.5", "-m", "torch_impl", *argv]
+        tmp = stack.enter_context(tempfile.TemporaryDirectory())
+        _torchrun(cmd, env, tmp, what, nodes)
+
+
+def _torchrun(cmd: list[str], env: dict, tmp: str, what: str, nodes: Nodes | None) -> None:
+    """torchrun run to its end (_run); a failure ends in one line (SystemExit)."""
+    for name in (ERROR_FILE_ENV, READY_FILE_ENV, PIDS_FILE_ENV):
+        env[name] = str(Path(tmp) / name.lower())
+    rc = _run(cmd, env, nodes)
+    if rc == 0:
+        return
+    # A worker's own error is the line to end on, with its code (the first, where several
+    # workers failed), not torchrun's summary of it.
+    said = Path(env[ERROR_FILE_ENV])
+    if said.is_file():
+        code, line = said.read_text().splitlines()[0].split(" ", 1)
+        print(line, file=sys.stderr)
+        raise SystemExit(int(code))
+    met = nodes is None or Path(env[READY_FILE_ENV]).exists()
     raise SystemExit(_failure(what, rc, nodes, met))
+
+
+@contextlib.contextmanager
+def _loopback(env: dict):
+    """One machine's rendezvous on 127.0.0.1 only (torchrun's options for it): these engines
+    authenticate nobody, and torch's stores listen on every interface whatever address they
+    are given. So this launcher hosts the rendezvous store on a socket of its own bound to
+    127.0.0.1, torchrun joins it as a client and shares no store of its own, the workers'
+    store is made the same way (`process_group`), and gloo and NCCL use the loopback
+    interface unless told otherwise."""
+    import torch.distributed as dist
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    port = sock.getsockname()[1]
+    # The store owns the socket from here (and closes it when it goes).
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, master_listen_fd=sock.detach())
+    env.update({LOOPBACK_ENV: "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    env.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    try:
+        yield [
+            "--nnodes=1",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{port}",
+            f"--rdzv-id={RDZV_ID}-{os.getpid()}",
+            "--rdzv-conf=is_host=false",
+            "--local-addr=127.0.0.1",
+        ]
+    finally:
+        del store
 
 
 def _failure(what: str, rc: int, nodes: Nodes | None, met: bool) -> str:
@@ -244,13 +284,35 @@ def process_group(plan: devices.DevicePlan):
     if gpu:
         torch.cuda.set_device(device)
     timeout = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
-    dist.init_process_group("nccl" if gpu else "gloo", timeout=timeout)
+    dist.init_process_group("nccl" if gpu else "gloo", timeout=timeout, **_loopback_store())
     signal_ready()  # every node has joined: the launcher's wait ends
     try:
         world = devices.DevicePlan(dist.get_world_size(), plan.platform, plan.virtual)
         yield world, device
     finally:
         end_process_group()
+
+
+def _loopback_store() -> dict:
+    """init_process_group's store on one machine (`_loopback`): rank 0 hosts it on a socket
+    bound to 127.0.0.1, at the port torchrun chose; {} elsewhere (torch makes its own)."""
+    if not os.environ.get(LOOPBACK_ENV):
+        return {}
+    import torch.distributed as dist
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    port = int(os.environ["MASTER_PORT"])
+    timeout = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
+    if rank:
+        store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timeout)
+        return {"store": store, "rank": rank, "world_size": world}
+    sock = socket.socket()  # the store's for as long as this process lives
+    sock.bind(("127.0.0.1", port))
+    sock.listen(128)
+    store = dist.TCPStore(
+        "127.0.0.1", port, world, is_master=True, timeout=timeout, master_listen_fd=sock.detach()
+    )
+    return {"store": store, "rank": rank, "world_size": world}
 
 
 def end_process_group() -> None:
@@ -278,9 +340,11 @@ def worker_main(entry) -> None:
     if os.environ.get(PIDS_FILE_ENV):  # for the launcher to stop it, should torchrun not
         with open(os.environ[PIDS_FILE_ENV], "a") as f:
             f.write(f"{os.getpid()}\n")
+    signals.watch_parent()  # torchrun gone, even SIGKILLed: this worker stops, writing nothing
     code = 0
     try:
-        entry()
+        with signals.as_interrupt():
+            entry()
     except cli.USER_ERRORS as e:
         line, code = f"error: {e}", cli.exit_code(e)
         if os.environ.get(ERROR_FILE_ENV):  # the launcher says it, once for all its workers
@@ -288,8 +352,8 @@ def worker_main(entry) -> None:
                 f.write(f"{code} {line}\n")
         else:
             print(line, file=sys.stderr)
-    except KeyboardInterrupt:
-        code = cli.EXIT_INTERRUPTED
+    except KeyboardInterrupt as e:
+        code = signals.exit_code(e)
     exit_worker(code)
 
 

@@ -7,14 +7,23 @@ worker that failed on bad input left its line for the launcher (launch.worker_ma
 on it.
 """
 
+import logging
 import sys
 
 from torch.distributed import run
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+from common import signals
+
 
 def main() -> int:
+    # Its launcher gone, even SIGKILLed: a SIGTERM to itself, which torchrun passes to its
+    # workers before it ends, as when the launcher stops it.
+    signals.watch_parent()
+    # Its warning per worker it stops ("Sending process N closing signal SIGTERM"): the
+    # launcher says what happened, in one line.
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.ERROR)
     try:
         run.main()  # its arguments: sys.argv[1:]
     except SignalException as e:

@@ -1,26 +1,19 @@
 """common.cli in process; the bad inputs a user types are in tests/fixtures/bad_inputs.py."""
 
 import argparse
-import importlib
+import os
+import signal
+import time
 
 import pytest
 
-from common import cli, config
+from common import checks, cli, config
 
 
-def test_bad_setting_fails_before_the_framework_is_imported(monkeypatch, capsys):
-    monkeypatch.setattr(importlib, "import_module", lambda name: pytest.fail("imported"))
-    argv = [
-        "--workload",
-        "resnet50",
-        "--platform",
-        "cpu",
-        "--preset",
-        "smoke",
-        "--split-size",
-        "99",
-    ]
-    assert cli.run("torch", argv) == 2
+def test_bad_setting_fails_before_the_framework_is_imported(capsys):
+    argv = ["--workload", "resnet50", "--platform", "cpu", "--preset", "smoke"]
+    load = lambda workload: pytest.fail("imported")  # noqa: E731
+    assert cli.run("torch", [*argv, "--split-size", "99"], load=load) == 2
     assert "split_size must be between 1 and the batch size 4" in capsys.readouterr().err
 
 
@@ -36,10 +29,10 @@ def test_bad_setting_fails_before_the_framework_is_imported(monkeypatch, capsys)
 def test_bf16_where_a_bf16_path_exists(framework, workload, platform, message):
     args = argparse.Namespace(workload=workload, amp="bf16")
     if message is None:
-        cli.check_amp(framework, args, platform)
+        checks.check_amp(framework, args, platform)
     else:
         with pytest.raises(config.ConfigError, match=message):
-            cli.check_amp(framework, args, platform)
+            checks.check_amp(framework, args, platform)
 
 
 @pytest.mark.parametrize(
@@ -56,21 +49,38 @@ def test_bf16_where_a_bf16_path_exists(framework, workload, platform, message):
 def test_bf16_on_a_cpu_without_bf16_arithmetic_is_noted(
     monkeypatch, framework, platform, amp, has_bf16, noted
 ):
-    monkeypatch.setattr(cli.devices, "cpu_has_bf16", lambda: has_bf16)
-    note = cli.bf16_note(framework, argparse.Namespace(amp=amp), platform)
+    monkeypatch.setattr(checks.devices, "cpu_has_bf16", lambda: has_bf16)
+    note = checks.bf16_note(framework, argparse.Namespace(amp=amp), platform)
     assert (note is not None) is noted
     if noted:
         assert note.startswith("note: this CPU has no bf16 arithmetic") and "\n" not in note
         assert "measured" in note and "float32" in note
 
 
-def test_missing_workload_module_says_not_implemented(monkeypatch, capsys):
-    def missing(name):
-        raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+def test_a_stop_signal_ends_a_run_as_ctrl_c_does(capsys):
+    """SIGTERM (kill, timeout, a scheduler) and SIGHUP (the terminal closed) raise where Ctrl-C
+    does: one line, exit 128 + the signal's number, nothing recorded."""
+    for signum in (signal.SIGTERM, signal.SIGHUP):
 
-    monkeypatch.setattr(importlib, "import_module", missing)
-    assert cli.run("jax", ["--workload", "lenet", "--platform", "cpu", "--preset", "smoke"]) == 3
-    assert "not implemented yet for jax" in capsys.readouterr().err
+        def load(workload, signum=signum):
+            os.kill(os.getpid(), signum)
+            time.sleep(5)  # the handler raises before this ends
+            pytest.fail("the signal did not stop the run")
+
+        argv = ["--workload", "resnet50", "--platform", "cpu", "--preset", "smoke"]
+        assert cli.run("torch", argv, load=load) == 128 + signum
+        assert capsys.readouterr().err.splitlines()[-1] == "interrupted; no record written"
+        assert signal.getsignal(signum) is signal.SIG_DFL  # the run's handler is gone after it
+
+
+def test_worker_argv_reproduces_the_command_line_with_absolute_paths(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    argv = ["--workload", "resnet18", "--gpus", "2", "--results", "r.jsonl", "--ceiling"]
+    args = cli.parser("torch").parse_args([*argv, "--epochs", "3", "--profile", "p"])
+    again = cli.parser("torch").parse_args(cli.worker_argv(args, strategy="ddp"))
+    want = {**vars(args), "strategy": "ddp"}
+    want |= {"results": str(tmp_path / "r.jsonl"), "profile": str(tmp_path / "p")}
+    assert vars(again) == want
 
 
 def test_final_line_d2l_style():

@@ -3,6 +3,7 @@ others, --dry-run; fake runners and fake framework environments, no framework ne
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -481,24 +482,23 @@ except KeyboardInterrupt:  # a launcher stops its workers on a Ctrl-C
 """
 
 
-def test_a_sigterm_stops_the_run_under_way_and_its_workers(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_stops_the_run_under_way_and_its_workers(tmp_path, signum):
     """`timeout 500 python -m compare.run ...` (CONTRIBUTING's GPU calls) ends compare.run with
-    a SIGTERM: it stops its run as a Ctrl-C does, where it used to die and leave the run (in a
-    session of its own) and its workers running."""
+    a SIGTERM, a closed terminal with a SIGHUP: either stops its run as a Ctrl-C does, exit
+    128 + the signal's number, the run (in a session of its own) and its workers with it."""
     python = tmp_path / "python"
     python.write_text(LAUNCHER.replace("{python}", sys.executable))
     python.chmod(0o755)
     argv = ["--frameworks", "torch", "--workloads", "lenet", "--platform", "cpu", "--preset"]
     argv += ["smoke", "--results", str(tmp_path / "r.jsonl"), "--out", str(tmp_path / "out")]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "compare.run", *argv, "--python", str(python)], cwd=ROOT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    cmd = [sys.executable, "-m", "compare.run", *argv, "--python", str(python)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, **pipes)
     pids = next([int(p) for p in line.split()[-2:]] for line in proc.stdout if "| pids" in line)
-    proc.terminate()
+    proc.send_signal(signum)
     _, err = proc.communicate(timeout=90)
-    assert proc.returncode == 130 and err.strip() == "interrupted", err
+    assert proc.returncode == 128 + signum and err.strip() == "interrupted", err
     _assert_ended(pids)
 
 

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch._dynamo.utils import counters
 
-from common import cli, config, devices, harness
+from common import checks, cli, config, devices, harness
 from tests.fixtures import make_resnet18_parity as parity
 from tests.fixtures import numerics, runs
 from torch_impl import devices as tdev
@@ -132,7 +132,7 @@ def test_compiled_ddp_smoke_run_is_recorded_compiled_with_compile_time_in_warm_u
     argv = ["--workload", "resnet18", "--platform", "cpu", "--preset", "smoke", "--compile"]
     args = cli.parser("torch").parse_args([*argv, "--no-progress", "--results", str(path)])
     plan = devices.plan(1, "cpu")
-    cli.check_compile("torch", args, plan.count)  # accepted
+    checks.check_compile("torch", args, plan.count)  # accepted
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdzv'}", rank=0, world_size=1)
     try:
         hooks = harness.Hooks("torch", tdev)

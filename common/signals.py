@@ -1,0 +1,70 @@
+"""A run stops the same way however it is told to (docs/design.md, "Traps"): Ctrl-C (SIGINT),
+SIGTERM (`kill`, `timeout`, systemd, a batch scheduler) and SIGHUP (its terminal closed) each
+end it as Ctrl-C does: one line, exit code 128 + the signal's number, no record written, its
+launcher stopping its workers on the way out. A process that a launcher started ends when that
+launcher is gone, even SIGKILLed (`watch_parent`), instead of training on and writing a record
+nobody asked for any more.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+STOPS = (signal.SIGTERM, signal.SIGHUP)  # handled as SIGINT is
+
+
+class Stopped(KeyboardInterrupt):
+    """A stop signal other than SIGINT, raised where Ctrl-C raises KeyboardInterrupt."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def exit_code(stop: KeyboardInterrupt) -> int:
+    """The shell's code for a process that a signal ended: 128 + its number (Ctrl-C: 130)."""
+    return 128 + getattr(stop, "signum", signal.SIGINT)
+
+
+def _raise(signum, frame):
+    raise Stopped(signum)
+
+
+@contextlib.contextmanager
+def as_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise `Stopped` (a KeyboardInterrupt) inside the block, in the main
+    thread; one that was ignored when the process started (`nohup`) stays ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {s: signal.getsignal(s) for s in STOPS}
+    for s, handler in saved.items():
+        if handler is not signal.SIG_IGN:
+            signal.signal(s, _raise)
+    try:
+        yield
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+
+
+def watch_parent(on_exit: Callable[[], None] | None = None, grace: float = 10.0) -> None:
+    """Watch, in a daemon thread, for this process's parent to go (the process is then
+    reparented). Then call `on_exit` (default: SIGTERM to this process, which ends it as a stop
+    does) and, should the process still run `grace` seconds later (blocked in a collective
+    that waits for the dead), end it at once. Polls twice a second."""
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        (on_exit or (lambda: os.kill(os.getpid(), signal.SIGTERM)))()
+        time.sleep(grace)
+        os._exit(128 + signal.SIGTERM)
+
+    threading.Thread(target=watch, name="watch-parent", daemon=True).start()

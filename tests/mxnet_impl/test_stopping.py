@@ -1,0 +1,27 @@
+"""MXNet's kvstore dist_sync run on one machine (the scheduler, a server and two workers that
+mxnet_impl/launch.py starts) stopped every way a user or a machine stops it, and run from
+another folder: tests/fixtures/stopping.py."""
+
+import signal
+
+import pytest
+
+from mxnet_impl import launch
+from tests.fixtures import stopping
+
+pytestmark = [pytest.mark.slow, pytest.mark.multi_device]
+DIST = ["mxnet_impl", "--workload", "resnet18", "--gpus", "2", "--strategy", "dist"]
+SERVE = [launch.SERVE[-1]]  # the scheduler's and the server's command line
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_ends_the_run_and_every_process_it_started(tmp_path, signum):
+    stopping.check_stop_signal(DIST, tmp_path, signum, others=SERVE)
+
+
+def test_a_launcher_killed_outright_takes_its_processes_along(tmp_path):
+    stopping.check_killed_launcher(DIST, tmp_path)
+
+
+def test_paths_mean_the_same_from_another_folder(tmp_path):
+    stopping.check_another_folder(DIST, tmp_path)

@@ -1,0 +1,26 @@
+"""torch's DDP run on one machine (torchrun, torch_impl/launch.py) stopped every way a user or a
+machine stops it, and run from another folder: tests/fixtures/stopping.py."""
+
+import signal
+
+import pytest
+
+from tests.fixtures import stopping
+
+pytestmark = [pytest.mark.slow, pytest.mark.multi_device]
+DDP = ["torch_impl", "--workload", "resnet18", "--gpus", "2"]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_ends_the_run_and_its_workers(tmp_path, signum):
+    """The launcher, torchrun (its rendezvous store is the launcher's) and the gloo workers
+    listen on 127.0.0.1 only; `kill` or a closed terminal ends them all."""
+    stopping.check_stop_signal(DDP, tmp_path, signum, others=["torch_impl.torchrun"])
+
+
+def test_a_launcher_killed_outright_takes_torchrun_and_the_workers_along(tmp_path):
+    stopping.check_killed_launcher(DDP, tmp_path)
+
+
+def test_paths_mean_the_same_from_another_folder(tmp_path):
+    stopping.check_another_folder(DDP, tmp_path)
