@@ -31,4 +31,5 @@ def test_every_row_shows_each_frameworks_own_code():
     r18 = lessons.markdown("resnet18")
     for name in ("def ddp(", "def sharding(", "def dist_sync(", "def pmap(", "def data_parallel("):
         assert name in r18, name
-    assert "&lt;" in lessons.html_page("resnet18") and "<pre><code>" in lessons.html_page("lenet")
+    assert "world &gt; 1" in lessons.html_page("resnet18")  # the source, escaped
+    assert "<pre><code>" in lessons.html_page("lenet")
