@@ -59,8 +59,10 @@ def test_bf16_on_a_cpu_without_bf16_arithmetic_is_noted(
 
 def test_a_stop_signal_ends_a_run_as_ctrl_c_does(capsys):
     """SIGTERM (kill, timeout, a scheduler) and SIGHUP (the terminal closed) raise where Ctrl-C
-    does: one line, exit 128 + the signal's number, nothing recorded."""
+    does: one line, exit 128 + the signal's number, nothing recorded. (At their defaults, as at
+    a terminal: under `nohup` SIGHUP is ignored, and stays so.)"""
     for signum in (signal.SIGTERM, signal.SIGHUP):
+        before = signal.signal(signum, signal.SIG_DFL)
 
         def load(workload, signum=signum):
             os.kill(os.getpid(), signum)
@@ -71,6 +73,18 @@ def test_a_stop_signal_ends_a_run_as_ctrl_c_does(capsys):
         assert cli.run("torch", argv, load=load) == 128 + signum
         assert capsys.readouterr().err.splitlines()[-1] == "interrupted; no record written"
         assert signal.getsignal(signum) is signal.SIG_DFL  # the run's handler is gone after it
+        signal.signal(signum, before)
+
+
+def test_an_ignored_hangup_stays_ignored():
+    """`nohup make compare`: SIGHUP ignored when the run starts is left ignored."""
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with cli.signals.as_interrupt():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) is cli.signals._raise
+    finally:
+        signal.signal(signal.SIGHUP, before)
 
 
 def test_worker_argv_reproduces_the_command_line_with_absolute_paths(tmp_path, monkeypatch):

@@ -7,7 +7,7 @@ MUTANTS = [
         "torch-r18-transposed-kernel",
         "torch",
         "tests/torch_impl/test_resnet18.py::test_float64_run_reproduces_the_fixture",
-        "torch_impl/resnet18.py",
+        "torch_impl/weights.py",
         "state = {k: torch.from_numpy(np.asarray(v)) for k, v in params.items()}",
         "state = {k: torch.from_numpy(np.asarray(v).swapaxes(-1, -2).copy() if np.ndim(v) == 4"
         " else np.asarray(v)) for k, v in params.items()}",
@@ -28,17 +28,17 @@ MUTANTS = [
         "torch",
         "tests/torch_impl/test_resnet18.py::test_float32_forward_matches_the_float64_fixture",
         "torch_impl/resnet18.py",
-        "def train_step(net, optimizer, x, y, amp=False):",
-        "def train_step(net, optimizer, x, y, amp=True):",
-        "bf16 autocast on by default in the training step",
+        "def resnet18(num_classes=NUM_CLASSES, in_channels=1, width=64, use_bn=True, amp=False):",
+        "def resnet18(num_classes=NUM_CLASSES, in_channels=1, width=64, use_bn=True, amp=True):",
+        "bf16 autocast on by default in the model's forward",
     ),
     Mutant(
         "torch-r18-ddp-unwrapped",
         "torch",
         "tests/torch_impl/test_resnet18.py::test_ddp_two_gloo_ranks_equal_one_device",
         "torch_impl/resnet18.py",
-        "    return nn.parallel.DistributedDataParallel(\n",
-        "    return net\n    return nn.parallel.DistributedDataParallel(\n",
+        "        wrapped = nn.parallel.DistributedDataParallel(net, device_ids=ids)\n",
+        "        wrapped = net\n",
         "the model never wrapped in DDP: each rank trains alone on its half of the batch",
     ),
     Mutant(
@@ -116,10 +116,9 @@ MUTANTS = [
         "torch",
         "tests/torch_impl/test_multinode.py::test_two_nodes_on_localhost_match_one_node",
         "torch_impl/resnet18.py",
-        "    rank, world = (dist.get_rank(), dist.get_world_size()) "
-        'if strategy == "ddp" else (0, 1)',
-        '    rank = int(os.environ.get("LOCAL_RANK", 0))\n'
-        '    world = dist.get_world_size() if strategy == "ddp" else 1',
+        "    device, rank, world = devices[0], dist.get_rank(), dist.get_world_size()",
+        '    device, rank = devices[0], int(os.environ.get("LOCAL_RANK", 0))\n'
+        "    world = dist.get_world_size()",
         "the batch sliced by LOCAL_RANK: on two nodes both ranks train on the same half",
     ),
     Mutant(
@@ -164,9 +163,9 @@ MUTANTS = [
         "torch-r50-gpipe-unscaled",
         "torch",
         "tests/torch_impl/test_resnet50.py::test_pipelining_engine_matches_single[gpipe]",
-        "torch_impl/resnet50.py",
-        "    schedule = schedule_cls(stage, n_microbatches=n_micro, loss_fn=nn.MSELoss())",
-        "    schedule = schedule_cls(\n        stage, n_microbatches=n_micro, "
+        "torch_impl/pipelining.py",
+        "    return schedule_cls(stage, n_microbatches=n_micro, loss_fn=nn.MSELoss())",
+        "    return schedule_cls(\n        stage, n_microbatches=n_micro, "
         "loss_fn=nn.MSELoss(), scale_grads=False\n    )",
         "gradients summed over micro-batches, not averaged (a step n_micro times too big)",
     ),
