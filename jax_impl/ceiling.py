@@ -19,7 +19,7 @@ FRAMEWORK = "jax"
 def lenet_step(cfg, x, y, compiled):
     """LeNet from scratch (its parameters, its summed loss) and the SGD step, lr / batch as in
     lenet.train_batch, in one jitted program; JAX passes the parameters in and out (donated).
-    `compiled`: JAX always compiles (refused before: common.cli.check_compile)."""
+    `compiled`: JAX always compiles (refused before: common.checks.check_compile)."""
     params = lenet.get_params(lenet.init_params(cfg.init_std, cfg.seed), x.device)
 
     def sgd_step(params, x, y):
@@ -33,7 +33,7 @@ def lenet_step(cfg, x, y, compiled):
 def resnet18_step(cfg, x, y, amp, compiled):
     """ResNet-18 as its training builds it (no sharding: one device), and resnet18.train_step
     itself, jitted with the state (params, batch_stats, opt_state) donated. `compiled`: JAX
-    always compiles (refused before: common.cli.check_compile)."""
+    always compiles (refused before: common.checks.check_compile)."""
     net = resnet18.resnet18(dtype=jnp.bfloat16 if amp else jnp.float32)  # JAX's bf16: a dtype
     optimizer = resnet18.make_optimizer(cfg.lr)
     variables = resnet18.init_weights(net, cfg.init_std, cfg.seed)
@@ -53,7 +53,7 @@ def build(args, cfg, device):
     if args.workload == "lenet":
         x, y = jax.device_put((images, labels.astype("int32")), device)
         step, state = lenet_step(cfg, x, y, args.compile)
-    else:  # flax is NHWC: the images are transposed once, as resnet18._to_device does
+    else:  # flax is NHWC: the images are transposed once, as resnet18.train places them
         x, y = jax.device_put((images.transpose(0, 2, 3, 1), labels.astype("int32")), device)
         step, state = resnet18_step(cfg, x, y, args.amp == "bf16", args.compile)
     return step, state, jdev.sync

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from common import ceiling, cli, config, data, profiling, timing, training, weights
+from common import config, data, harness, training, weights
 from jax_impl import devices as jdev
 
 FRAMEWORK, STRATEGY = "jax", "scratch"
@@ -33,10 +33,10 @@ def init_params(std, seed):
 
 
 def lenet(X, params):
-    # Images NHWC inside, XLA's own layout (flax's too): with NCHW, XLA:CPU wrapped each conv in
-    # transposes and the forward took 64 ms, against 10 ms (batch 256, a 2-core AVX2 CPU). The
-    # kernels stay OIHW (the shared weight format), the images arrive NCHW, and the features go
-    # back to NCHW before the flatten, so the 800-vector has torch's and MXNet's order.
+    # Images NHWC inside, XLA's own layout (flax's too): with NCHW, XLA:CPU wraps each conv in
+    # transposes, several times slower. The kernels stay OIHW (the shared weight format), the
+    # images arrive NCHW, and the features go back to NCHW before the flatten, so the 800-vector
+    # has torch's and MXNet's order.
     def conv(x, name):
         dims = ("NHWC", "OIHW", "NHWC")
         w = params[f"{name}.weight"]
@@ -114,83 +114,53 @@ def train_batch(X, y, device_params, devices, lr):
     return device_params, summed[0][0]
 
 
-def evaluate(device_params, X, y, devices, batch_size):
-    """Accuracy on (X, y), every batch split over the devices; the correct count is exact."""
-    correct = 0
-    for start in range(0, len(y), batch_size):
-        X_shards, y_shards = split_batch(
-            X[start : start + batch_size], y[start : start + batch_size], devices
-        )
-        for X_shard, y_shard, params in zip(X_shards, y_shards, device_params, strict=True):
-            correct += int(_correct(params, X_shard, y_shard))
-    return correct / len(y)
+def evaluate(device_params, X, y, devices):
+    """Correct predictions on the batch (X, y), split over the devices (an int). A short last
+    test batch may leave a device an empty shard: it has nothing to count."""
+    X_shards, y_shards = split_batch(X, y, devices)
+    return sum(
+        int(_correct(params, X_shard, y_shard))
+        for X_shard, y_shard, params in zip(X_shards, y_shards, device_params, strict=True)
+        if len(y_shard)
+    )
 
 
-def train(cfg, devices, train_data, test_data, no_progress=False, probe=None, trace=None):
-    """d2l's train(num_gpus, batch_size, lr). Returns the device parameters, EpochLog, timer.
-    `probe`: --ceiling; `trace`: --profile's profiler around the first timed epoch."""
-    X, y = train_data
+def _on_host(batches):
+    """The epoch's index batches as they are (NumPy): each jitted gather copies its own."""
+    return batches
+
+
+def train(cfg, ds, run):
+    """d2l's train(num_gpus, batch_size, lr) on preloaded arrays, on `run.devices`; `run`
+    (common.harness.Run) times, logs and records it. Returns the device parameters."""
+    devices = run.devices
+    X, y, X_test, y_test = jax.device_put(data.as_float(ds, np.int32), devices[0])
     params = init_params(cfg.init_std, cfg.seed)
     device_params = [get_params(params, d) for d in devices]
-    pending = None  # JAX has no global barrier: the timer waits for the newest outputs
-    timer = timing.Timer(lambda: jdev.sync(pending), warmup=1, trace=trace)
-    # Warm-up apart from the epochs (compilation, first touch): one step of each batch shape
-    # on throwaway copies, so training itself starts from the initial weights.
-    order = data.batches(len(y), cfg.batch_size, cfg.seed, 0)
-    with timer.region():
-        scratch = [get_params(params, d) for d in devices]
-        for idx in data.warmup_batches(order):
-            _, loss = train_batch(*_take(X, y, idx), scratch, devices, cfg.lr)
-            pending = _add(jnp.zeros((), device=devices[0]), loss)  # the epoch's sum compiles
-    log = training.EpochLog(cfg.epochs, len(order), ceiling=probe)  # probe: --ceiling
-    for epoch in range(cfg.epochs):
-        batches = data.batches(len(y), cfg.batch_size, cfg.seed, epoch)
+    scratch = [get_params(params, d) for d in devices]  # the warm-up's throwaway copies
+    total = jnp.zeros((), device=devices[0])  # the epoch's summed loss, on device 0
+    # JAX has no device-wide barrier: the clock waits for the newest parameters and loss total.
+    run.sync = lambda: jax.block_until_ready((scratch, device_params, total))
+    for idx in run.warm_up(_on_host):  # each batch shape once (compilation, first touch)
+        scratch, loss = train_batch(*_take(X, y, idx), scratch, devices, cfg.lr)
+        total = _add(total, loss)  # the epoch's sum compiles here too
+    for batches in run.epochs(_on_host):  # iterating `batches` is the timed epoch
         total = jnp.zeros((), device=devices[0])
-        # The bar before the clock starts: its first call imports tqdm (50 ms on a CPU).
-        bar = cli.progress(batches, len(batches), f"epoch {epoch + 1}", no_progress)
-        with timer.region():
-            for idx in bar:
-                # jitted gather: `X[idx]` with a NumPy index ran jnp's indexing in Python
-                X_batch, y_batch = _take(X, y, idx)
-                device_params, loss = train_batch(X_batch, y_batch, device_params, devices, cfg.lr)
-                total = _add(total, loss)  # jitted: `+=` ran jnp.add's dispatch in Python
-                pending = (device_params, total)
-        acc = evaluate(device_params, *test_data, devices, cfg.batch_size)
-        log.add(float(total) / len(y), acc, timer.times[-1], len(batches), len(y))
-        if log.diverged:  # a non-finite loss: stop, and record what was measured
-            break
-    return device_params, log, timer
+        for idx in batches:
+            # jitted gather: `X[idx]` with a NumPy index ran jnp's indexing in Python
+            device_params, loss = train_batch(*_take(X, y, idx), device_params, devices, cfg.lr)
+            total = _add(total, loss)  # jitted: `+=` ran jnp.add's dispatch in Python
+        hits = [evaluate(device_params, X_test[i], y_test[i], devices) for i in run.test_batches()]
+        run.log(float(total), sum(hits))
+    return device_params
 
 
-def main(args, plan, cfg) -> None:
+def main(args, plan, cfg, hooks) -> None:
     training.choose_strategy("lenet", FRAMEWORK, args.strategy, (STRATEGY,))
     # Every batch is split evenly over the devices, the epoch's last (partial) one included.
-    n_train = data.train_size(cfg.train_subset)
-    config.check_epoch_split(n_train, cfg.batch_size, plan.count)
+    config.check_epoch_split(data.train_size(cfg.train_subset), cfg.batch_size, plan.count)
     devices = jdev.get_devices(plan)
-    fm = data.load()
-    # Loaded once, as arrays on device 0; batches are sliced from them.
-    train_data, test_data = (
-        (
-            jax.device_put(data.to_float(images), devices[0]),
-            jax.device_put(labels.astype(np.int32), devices[0]),
-        )
-        for images, labels in (
-            data.subset(fm.train_images, fm.train_labels, cfg.train_subset, cfg.seed),
-            data.subset(fm.test_images, fm.test_labels, cfg.test_subset, cfg.seed),
-        )
-    )
-    probe = ceiling.paired(FRAMEWORK, args, cfg, devices[0])  # --ceiling
-    trace = profiling.tracer(FRAMEWORK, args, "epoch")  # --profile
-    _, log, timer = train(cfg, devices, train_data, test_data, args.no_progress, probe, trace)
-    rec = cli.make_record(
-        FRAMEWORK,
-        args,
-        plan,
-        cfg,
-        jdev.device_names(devices),
-        jdev.versions(),
-        strategy=STRATEGY,
-        **log.record_fields(timer.warmup_seconds),
-    )
-    cli.save(rec, args.results, plan)
+    ds = data.load_subsets(cfg.train_subset, cfg.test_subset, cfg.seed)
+    with harness.Run(args, cfg, ds, devices, None, hooks) as run:
+        train(cfg, ds, run)
+    run.save(plan, jdev.device_names(devices), jdev.versions(), STRATEGY)

@@ -1,32 +1,26 @@
 """ResNet-18 on Fashion-MNIST, concise data parallel in JAX (d2l 13.6), flax linen + optax.
 
-Strategies (`--strategy`):
-  sharding (default)  one `jax.jit` program over a Mesh: the batch is sharded on the 'data' axis
-                      (NamedSharding P('data')), parameters and optimizer state are replicated
-                      (P()); XLA inserts the gradient all-reduce.
-  pmap                `jax.pmap` over the devices with `lax.pmean` of the gradients; the train
-                      state is replicated (a leading device axis). pmap is in maintenance mode
-                      since JAX 0.8; it is kept as the classic form of the same program.
+Strategies (`--strategy`), each one function that returns (place, shard, step, correct, total)
+(common/training.py, "A strategy"):
+  sharding (default)  `sharding`: one `jax.jit` program over a Mesh: the batch is sharded on the
+                      'data' axis (NamedSharding P('data')), parameters and optimizer state are
+                      replicated (P()); XLA inserts the gradient all-reduce. It also runs over
+                      several processes (hosts, or one process per GPU): jax_impl/launch.py.
+  pmap                `pmap`: `jax.pmap` over the devices with `lax.pmean` of the gradients; the
+                      train state is replicated (a leading device axis). pmap is in maintenance
+                      mode since JAX 0.8; it is kept as the classic form of the same program.
 
 BatchNorm: under `sharding` the model sees the global batch, so batch statistics are computed
 over all devices' samples (XLA all-reduces them); under `pmap` BatchNorm gets
 `axis_name='data'` and pmean-averages its statistics. Either way N devices compute what one
 device computes on the whole batch (torch DDP and MXNet Gluon keep per-device statistics).
 
-Several processes (hosts, or one process per GPU): with JAX_COORDINATOR_ADDRESS (host:port of
-process 0), JAX_NUM_PROCESSES and JAX_PROCESS_ID set, `main` calls `jax.distributed.initialize`
-and the `sharding` strategy runs one program over every process's devices (the global batch is
-the same as on one machine; process 0 writes the record). Two processes on one machine:
-
-  JAX_COORDINATOR_ADDRESS=127.0.0.1:29600 JAX_NUM_PROCESSES=2 JAX_PROCESS_ID=R \
-      python -m jax_impl --workload resnet18 --gpus 1 --platform cpu   # R = 0 and 1
 Layout: flax is NHWC with HWIO kernels and (in, out) dense weights; images arrive NCHW from
 common.data and are transposed once at the boundary, weights at the exchange-format boundary.
 """
 
 from __future__ import annotations
 
-import os
 from functools import partial
 from typing import Any
 
@@ -39,20 +33,9 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from common import (
-    ceiling,
-    cli,
-    config,
-    data,
-    devices,
-    processes,
-    profiling,
-    timing,
-    training,
-    utilization,
-    weights,
-)
+from common import config, data, harness, training, utilization, weights
 from jax_impl import devices as jdev
+from jax_impl import launch
 from jax_impl import weights as jweights
 
 FRAMEWORK = "jax"
@@ -147,9 +130,7 @@ def set_weights(variables, params):
 
 def init_weights(net, std, seed):
     """Variables {'params', 'batch_stats'} from the shared seeded init (common.weights)."""
-    variables = jax.tree_util.tree_map(
-        lambda s: np.zeros(s.shape, s.dtype), _abstract_variables(net)
-    )
+    variables = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), _abstract_variables(net))
     variables = {"params": variables["params"], "batch_stats": variables.get("batch_stats", {})}
     return set_weights(variables, weights.init_normal(weight_shapes(net), std, seed))
 
@@ -170,7 +151,8 @@ def loss_fn(logits, labels):
 
 
 def train_step(net, optimizer, state, x, y, axis_name=None):
-    """One SGD step; JAX passes the state (params, batch_stats, opt_state) in and out."""
+    """One SGD step; returns its mean loss (not synced). JAX passes the state (params,
+    batch_stats, opt_state) in and out."""
 
     def loss_of(params):
         variables = {"params": params, "batch_stats": state["batch_stats"]}
@@ -185,179 +167,117 @@ def train_step(net, optimizer, state, x, y, axis_name=None):
     return {"params": params, "batch_stats": batch_stats, "opt_state": opt_state}, loss
 
 
-def evaluate(net, state, x_all, y_all, idx, mask):
-    """Correct predictions among the valid (`mask`) samples `idx` of the device-resident set."""
+def evaluate(net, state, x, y, mask=True):
+    """Correct predictions on a batch (a device scalar, not synced); `mask`: which samples
+    count (a padded batch)."""
     variables = {"params": state["params"], "batch_stats": state["batch_stats"]}
-    pred = net.apply(variables, x_all[idx], train=False).argmax(axis=-1)
-    return jnp.sum((pred == y_all[idx]) & mask)
+    pred = net.apply(variables, x, train=False).argmax(axis=-1)
+    return jnp.sum((pred == y) & mask)
 
 
 # --- the parallelism: one function per strategy ------------------------------------------------
 
 
-def pmap(net, optimizer, devs):
-    """pmap: state and data replicated per device, each device its (B/N) slice, pmean."""
+def pmap(net, optimizer, devices):
+    """jax.pmap: the state and the data set copied to every device (a leading device axis), each
+    device its row of every batch; train_step pmeans the gradients over 'data' (and BatchNorm
+    its statistics: the net's axis_name), so every copy takes the same step."""
+    n = len(devices)
+    stacked = NamedSharding(Mesh(np.array(devices), (AXIS,)), P(AXIS))  # row i on device i
 
-    n = len(devs)
-    stacked = NamedSharding(Mesh(np.array(devs), (AXIS,)), P(AXIS))  # leading axis: one per device
-
-    def place(tree, sharded_batch=False):
-        if sharded_batch:  # (N, B/N) rows, one per device
-            return jax.device_put(tree, stacked)
-        copies = jax.tree_util.tree_map(lambda a: np.broadcast_to(a, (n, *np.shape(a))), tree)
+    def place(arrays):  # a copy for each device, stacked
+        copies = jax.tree.map(lambda a: np.broadcast_to(a, (n, *np.shape(a))), arrays)
         return jax.device_put(copies, stacked)
 
-    def step(state, x_all, y_all, idx):
-        return train_step(net, optimizer, state, x_all[idx], y_all[idx], AXIS)
+    def shard(batches):  # each batch's (N, B/N) rows, one per device
+        return (jax.device_put(data.shard_batch(i, n).astype(np.int32), stacked) for i in batches)
 
-    def correct(state, x_all, y_all, idx, mask):
-        return lax.psum(evaluate(net, state, x_all, y_all, idx, mask), AXIS)
+    @partial(jax.pmap, axis_name=AXIS, devices=devices, donate_argnums=0)
+    def step(state, x, y, rows):
+        state, loss = train_step(net, optimizer, state, x[rows], y[rows], AXIS)
+        return state, loss * len(rows) * n  # the mean over the global batch, times its size
 
-    step = jax.pmap(step, AXIS, devices=devs, donate_argnums=0)
-    return place, step, jax.pmap(correct, AXIS, devices=devs)
+    @partial(jax.pmap, axis_name=AXIS, devices=devices)
+    def count(state, x, y, rows, mask):
+        return lax.psum(evaluate(net, state, x[rows], y[rows], mask), AXIS)
+
+    def correct(state, x, y, idx):  # the test batch padded to one size: one compilation
+        padded = [data.shard_batch(a, n) for a in _padded(idx, harness.TEST_BATCH * n)]
+        return count(state, x, y, *jax.device_put(padded, stacked))
+
+    def total(losses, hits):  # every device holds the same sums: device 0's
+        return sum(float(loss[0]) for loss in losses), sum(float(hit[0]) for hit in hits)
+
+    return place, shard, step, correct, total
 
 
-def sharding(net, optimizer, devs):
-    """jit + Mesh: replicated state, batch sharded on 'data'. Returns (place, step, correct)."""
-    mesh = Mesh(np.array(devs), (AXIS,))
+def sharding(net, optimizer, devices):
+    """One jax.jit program over a Mesh of the devices (every process's, in several processes):
+    the state and the data set replicated, each batch sharded on 'data'; XLA all-reduces the
+    gradients (and BatchNorm's statistics: the model sees the global batch)."""
+    n = len(devices)
+    mesh = Mesh(np.array(devices), (AXIS,))
     replicated, batch = NamedSharding(mesh, P()), NamedSharding(mesh, P(AXIS))
 
-    def place(tree, sharded_batch=False):
-        if sharded_batch:  # (N, B/N) indices -> one global batch of B split over 'data'
-            return jax.device_put(tree.reshape(-1), batch)
-        return jax.device_put(tree, replicated)
+    def place(arrays):  # every device holds the whole data set and state
+        return jax.device_put(arrays, replicated)
 
-    def step(state, x_all, y_all, idx):
-        x = lax.with_sharding_constraint(x_all[idx], batch)
-        return train_step(net, optimizer, state, x, y_all[idx])
+    def shard(batches):  # each batch's (N, B/N) rows as one global batch split over 'data'
+        rows = (data.shard_batch(i, n).astype(np.int32).reshape(-1) for i in batches)
+        return (jax.device_put(r, batch) for r in rows)
 
-    def correct(state, x_all, y_all, idx, mask):
-        return evaluate(net, state, x_all, y_all, idx, mask)
+    @partial(jax.jit, out_shardings=(replicated, replicated), donate_argnums=0)
+    def step(state, x, y, idx):
+        x = lax.with_sharding_constraint(x[idx], batch)
+        state, loss = train_step(net, optimizer, state, x, y[idx])
+        return state, loss * len(idx)
 
-    step = jax.jit(step, out_shardings=(replicated, replicated), donate_argnums=0)
-    return place, step, jax.jit(correct)
+    count = jax.jit(lambda state, x, y, idx, mask: evaluate(net, state, x[idx], y[idx], mask))
+
+    def correct(state, x, y, idx):  # the test batch padded to one size: one compilation
+        return count(state, x, y, *jax.device_put(_padded(idx, harness.TEST_BATCH * n), batch))
+
+    def total(losses, hits):  # the sums over the devices are inside the programs
+        return sum(map(float, losses)), sum(map(float, hits))
+
+    return place, shard, step, correct, total
 
 
-def train(net, cfg, ds, devs, strategy, sampler=None, no_progress=False, probe=None, trace=None):
-    """d2l's train loop on preloaded, device-resident arrays. In several processes each runs
-    this with its own devices; the program spans all of them. `probe`: --ceiling; `trace`:
-    --profile's profiler around the first timed epoch."""
-    n = len(devs)
+def _padded(idx, size):
+    """A test batch's indices padded with 0 to `size`, and the mask of its own."""
+    mask = np.arange(size) < len(idx)
+    return np.pad(np.asarray(idx, np.int32), (0, size - len(idx))), mask
+
+
+def train(net, cfg, ds, strategy, run):
+    """d2l's train loop on preloaded arrays: `strategy` (one of the functions above) spreads each
+    step over the devices; `run` (common.harness.Run) times, logs and records it."""
     optimizer = make_optimizer(cfg.lr)
-    place, step, correct = (sharding if strategy == "sharding" else pmap)(net, optimizer, devs)
-    x_train, y_train, x_test, y_test = _to_device(ds, place)
+    place, shard, step, correct, total = strategy(net, optimizer, run.devices)
+    x_train, y_train, x_test, y_test = place(data.as_float(ds, np.int32, channels_last=True))
     variables = init_weights(net, cfg.init_std, cfg.seed)
     initial = dict(variables, opt_state=optimizer.init(variables["params"]))
-    # On the host: `place` must copy it (a donated device array could alias it otherwise).
-    initial = jax.tree_util.tree_map(np.asarray, initial)
-    sampler = sampler or utilization.Sampler("cpu_time")
-    timer = timing.Timer(lambda: jdev.sync(state), warmup=1, trace=trace)
-    first = data.batches(len(ds[1]), cfg.batch_size, cfg.seed, 0)
-    quiet = jax.process_index() != 0
-    log = training.EpochLog(cfg.epochs, len(first), quiet=quiet, ceiling=probe)
-    # Warm-up apart from the epochs (compilation): one step of each batch shape the epochs will
-    # use, on a throwaway copy of the initial state, so every epoch is timed whole.
+    # On the host: `place` copies it (a donated device array could alias it otherwise).
+    initial = jax.tree.map(np.asarray, initial)
     state = place(initial)
-    with timer.region():
-        for idx in data.warmup_batches(first[: cfg.steps_per_epoch]):
-            rows = place(data.shard_batch(idx, n).astype(np.int32), True)
-            state, _ = step(state, x_train, y_train, rows)
-    state = place(initial)  # JAX passes state in and out: training starts from a fresh copy
-    for epoch in range(cfg.epochs):
-        steps = data.batches(len(ds[1]), cfg.batch_size, cfg.seed, epoch)[: cfg.steps_per_epoch]
+    run.sync = lambda: jax.block_until_ready(state)  # JAX has no device-wide barrier
+    for part in run.warm_up(shard):  # each batch shape once (compilation)
+        state, _ = step(state, x_train, y_train, part)
+    state = place(initial)  # JAX passes state in and out: the epochs start from a fresh copy
+    for parts in run.epochs(shard):  # iterating `parts` is the timed epoch
         losses = []
-        bar = cli.progress(range(len(steps)), len(steps), f"epoch {epoch + 1}", no_progress)
-        with sampler.measure(), timer.region():
-            for idx in steps:
-                rows = place(data.shard_batch(idx, n).astype(np.int32), True)
-                state, loss = step(state, x_train, y_train, rows)
-                losses.append((loss, len(idx)))
-                bar.update(1)
-        bar.close()
-        seen = sum(k for _, k in losses)
-        mean_loss = sum(float(np.mean(l)) * k for l, k in losses) / seen
-        acc = _accuracy(correct, state, x_test, y_test, len(ds[3]), n, place)
-        log.add(mean_loss, acc, timer.times[-1], len(steps), seen)
-        if log.diverged:  # a non-finite loss: stop, and record what was measured
-            break
-    return log, timer
+        for part in parts:
+            state, loss = step(state, x_train, y_train, part)
+            losses.append(loss)
+        hits = [correct(state, x_test, y_test, idx) for idx in run.test_batches()]
+        run.log(*total(losses, hits))
 
 
-def _to_device(ds, place):
-    """(x_train, y_train, x_test, y_test) placed once; images NCHW -> NHWC (flax's layout)."""
-    x_train, y_train, x_test, y_test = ds
-    return (
-        place(data.to_float(x_train).transpose(0, 2, 3, 1)),
-        place(y_train.astype(np.int32)),
-        place(data.to_float(x_test).transpose(0, 2, 3, 1)),
-        place(y_test.astype(np.int32)),
-    )
-
-
-def _accuracy(correct, state, x_test, y_test, count, n, place):
-    """Fixed-size eval batches (one compilation); the last is padded and masked."""
-    size = 256 * n
-    total = 0
-    for i in range(0, count, size):
-        idx = np.arange(i, i + size)
-        mask = idx < count
-        idx = np.where(mask, idx, 0)
-        rows = place(data.shard_batch(idx.astype(np.int32), n), True)
-        valid = place(data.shard_batch(mask, n), True)
-        got = correct(state, x_test, y_test, rows, valid)
-        total += int(np.asarray(got).reshape(-1)[0])
-    return total / count
-
-
-def distributed_init(strategy, plan):
-    """Multi-process JAX when JAX_NUM_PROCESSES > 1: join the coordinator; the plan then counts
-    every process's devices. Must run before anything touches a JAX backend. Bad JAX_* values
-    are config errors; waiting for the others ends after JAX_INIT_TIMEOUT s (default 60)."""
-    count = processes.env_int("JAX_NUM_PROCESSES", "1", 1)
-    if count < 2:
-        return plan, None
-    if strategy != "sharding":
-        raise config.ConfigError("several JAX processes need --strategy sharding (not pmap)")
-    if "JAX_COORDINATOR_ADDRESS" not in os.environ or "JAX_PROCESS_ID" not in os.environ:
-        raise config.ConfigError(
-            "JAX_NUM_PROCESSES is set: also set JAX_COORDINATOR_ADDRESS and JAX_PROCESS_ID"
-        )
-    rank = processes.env_int("JAX_PROCESS_ID", None, 0)
-    if rank >= count:
-        raise config.ConfigError(
-            f"JAX_PROCESS_ID={rank} of {count} processes: use 0 to {count - 1}"
-        )
-    address = os.environ["JAX_COORDINATOR_ADDRESS"]
-    port = processes.port_of(address, "JAX_COORDINATOR_ADDRESS")
-    if rank == 0:  # jax segfaults when its coordinator cannot bind the port
-        processes.check_port_free(port, "JAX_COORDINATOR_ADDRESS")
-    timeout = processes.env_int("JAX_INIT_TIMEOUT", "60", 1)
-    # jax's own deadline aborts with a C++ stack dump: this one ends the wait first, in one line
-    with processes.deadline(
-        timeout, _not_joined(rank, count, address, timeout), cli.EXIT_BAD_INPUT
-    ):
-        jax.distributed.initialize(address, count, rank, initialization_timeout=timeout + 60)
-    devs = jax.devices("gpu" if plan.platform == "gpu" else "cpu")  # every process's devices
-    return devices.DevicePlan(len(devs), plan.platform, plan.virtual), devs
-
-
-def _not_joined(rank, count, address, timeout):
-    """What to do when the processes did not all meet in time, as seen from process `rank`."""
-    if rank == 0:
-        ids = "1" if count == 2 else f"1 to {count - 1}"
-        what = f"process {ids} of {count} did not join within {timeout} s; start it"
-    else:
-        ids = f"0 (the coordinator) to {count - 1}"
-        what = f"process {rank} of {count} waited {timeout} s for the others; start them"
-    return (
-        f"error: {what} with JAX_PROCESS_ID={ids}, JAX_NUM_PROCESSES={count} and "
-        f"JAX_COORDINATOR_ADDRESS={address} (or raise JAX_INIT_TIMEOUT)"
-    )
-
-
-def main(args, plan, cfg):
+def main(args, plan, cfg, hooks):
+    """Check everything, join the other JAX processes where there are (jax_impl/launch.py),
+    then train and record (process 0 records)."""
     strategy = training.choose_strategy("resnet18", FRAMEWORK, args.strategy, STRATEGIES)
-    plan, devs = distributed_init(strategy, plan)
+    plan, devs = launch.join(strategy, plan)  # several processes: every process's devices
     # d2l 13.6: N devices train with N times the batch and the lr (2 devices: 512 and 0.2).
     cfg = config.for_devices(cfg, plan.count)
     if cfg.image_size != 28:
@@ -368,19 +288,13 @@ def main(args, plan, cfg):
     ds = data.load_subsets(cfg.train_subset, cfg.test_subset, cfg.seed)
     dtype = jnp.bfloat16 if args.amp == "bf16" else jnp.float32  # JAX's bf16: the model's dtype
     net = resnet18(axis_name=AXIS if strategy == "pmap" else None, dtype=dtype)
-    with utilization.sampler_for(plan.platform, plan.count) as sampler:
-        probe = ceiling.paired(FRAMEWORK, args, cfg, devs[0])  # --ceiling
-        trace = profiling.tracer(FRAMEWORK, args, "epoch", jax.process_index())  # --profile
-        log, timer = train(net, cfg, ds, devs, strategy, sampler, args.no_progress, probe, trace)
-    usage = sampler.result()
+    run = harness.Run(args, cfg, ds, devs, None, hooks, rank=jax.process_index())
+    with run.sampling(utilization.sampler_for(plan.platform, plan.count)):
+        train(net, cfg, ds, {"sharding": sharding, "pmap": pmap}[strategy], run)
+    usage = run.usage()
     if plan.platform == "gpu":
         mine = [d for d in devs if d.process_index == jax.process_index()]
         peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use", 0) for d in mine]
         usage = utilization.with_allocator_peaks(usage, peaks, "jax peak_bytes_in_use")
     extra = {**usage, "amp": args.amp, "processes": jax.process_count()}
-    rec = cli.make_record(
-        FRAMEWORK, args, plan, cfg, jdev.device_names(devs), jdev.versions(), strategy=strategy,
-        **log.record_fields(timer.warmup_seconds), extra=extra,
-    )  # fmt: skip
-    if jax.process_index() == 0:  # several processes: process 0 reports
-        cli.save(rec, args.results, plan)
+    run.save(plan, jdev.device_names(devs), jdev.versions(), strategy, extra)

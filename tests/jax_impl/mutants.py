@@ -92,8 +92,8 @@ MUTANTS = [
         "jax",
         f"{R50}::test_pipeline_equals_single_with_bn_on_running_stats[3]",
         "jax_impl/resnet50.py",
-        "                loss, g, acts[i] = self._last(acts[i], ys[i], labels.size)",
-        "                loss, g, acts[i] = self._last(acts[i], ys[i], ys[i].size)",
+        "                    *stage, ys[i], self.train_bn, s > 0, labels.size\n",
+        "                    *stage, ys[i], self.train_bn, s > 0, ys[i].size\n",
         "each micro-batch's loss scaled by its own size, not the batch's: unequal weights",
     ),
     Mutant(
@@ -101,8 +101,8 @@ MUTANTS = [
         "jax",
         f"{R50}::test_toy_model_one_step_matches_numpy",
         "jax_impl/resnet50.py",
-        "        x = nn.relu(self.net1(jax.device_put(x, devices[0])))",
-        "        x = self.net1(jax.device_put(x, devices[0]))",
+        '        x = nn.relu(nn.Dense(10, name="net1")(jax.device_put(x, devices[0])))',
+        '        x = nn.Dense(10, name="net1")(jax.device_put(x, devices[0]))',
         "the toy model's activation dropped between the two devices",
     ),
     Mutant(
@@ -142,8 +142,8 @@ MUTANTS = [
         "jax",
         f"{R50}::test_model_parallel_equals_single_in_train_mode",
         "jax_impl/resnet50.py",
-        "        out, vjp, self.stats[s] = stage_forward(",
-        "        out, vjp, _ = stage_forward(",
+        "acts[i], vjps[s, i], self.stats[s] = stage_forward(",
+        "acts[i], vjps[s, i], _ = stage_forward(",
         "a stage that is not the last drops its updated BatchNorm statistics",
     ),
 ]

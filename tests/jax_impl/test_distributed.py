@@ -1,4 +1,4 @@
-"""Several JAX processes (jax_impl/resnet18.distributed_init): bad JAX_* settings are one-line
+"""Several JAX processes (jax_impl/launch.join): bad JAX_* settings are one-line
 config errors, and a process whose peers never come ends in bounded time with one line. The
 two-process run itself is tested in test_resnet18.py."""
 
@@ -14,7 +14,7 @@ import jax
 import pytest
 
 from common import config, devices
-from jax_impl import resnet18 as r18
+from jax_impl import launch
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,13 +43,23 @@ def test_bad_multi_process_settings_are_config_errors(monkeypatch, env, message)
             monkeypatch.setenv(name, value)
     monkeypatch.setattr(jax.distributed, "initialize", lambda *a, **k: pytest.fail("joined"))
     with pytest.raises(config.ConfigError, match=re.escape(message)):
-        r18.distributed_init("sharding", devices.DevicePlan(1, "cpu", True))
+        launch.join("sharding", devices.DevicePlan(1, "cpu", True))
 
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def process_0(address: str, **env) -> dict:
+    """The environment of process 0 of 2 whose coordinator is at `address`, with `env`."""
+    return {
+        "JAX_COORDINATOR_ADDRESS": address,
+        "JAX_NUM_PROCESSES": "2",
+        "JAX_PROCESS_ID": "0",
+        **env,
+    }
 
 
 def run_alone(env: dict, tmp_path) -> tuple[subprocess.CompletedProcess, float]:
@@ -70,9 +80,7 @@ def test_process_0_without_its_peer_ends_in_bounded_time_with_one_line(tmp_path)
     """Left to itself, jax aborts after its own deadline with a C++ stack dump ("another task
     died"); JAX_INIT_TIMEOUT bounds the wait and the last line says what to start."""
     address = f"127.0.0.1:{free_port()}"
-    env = {"JAX_COORDINATOR_ADDRESS": address, "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "0",
-           "JAX_INIT_TIMEOUT": "3"}  # fmt: skip
-    out, seconds = run_alone(env, tmp_path)
+    out, seconds = run_alone(process_0(address, JAX_INIT_TIMEOUT="3"), tmp_path)
     assert out.returncode == 2 and seconds < 30  # 3 s and the imports
     assert out.stderr.strip().splitlines()[-1] == (
         "error: process 1 of 2 did not join within 3 s; start it with JAX_PROCESS_ID=1, "
@@ -86,9 +94,7 @@ def test_process_0_on_a_taken_port_is_one_line(tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        env = {"JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}", "JAX_NUM_PROCESSES": "2",
-               "JAX_PROCESS_ID": "0"}  # fmt: skip
-        out, seconds = run_alone(env, tmp_path)
+        out, seconds = run_alone(process_0(f"127.0.0.1:{port}"), tmp_path)
     assert out.returncode == 2 and seconds < 30
     assert out.stderr.strip().splitlines()[-1] == (
         f"error: port {port} of JAX_COORDINATOR_ADDRESS cannot be used (Address already in use): "

@@ -13,6 +13,7 @@ import pytest
 from common import cli, config, devices, results
 from jax_impl import devices as jdev
 from jax_impl import lenet
+from jax_impl.__main__ import load
 from tests.fixtures import lenet_reference as ref
 from tests.fixtures import numerics
 
@@ -96,6 +97,20 @@ def test_get_params_places_a_copy_on_each_device():
         assert all(np.array_equal(copy[k], params[k]) for k in params)
 
 
+@pytest.mark.multi_device
+def test_evaluate_counts_the_correct_predictions_of_a_batch_split_over_the_devices():
+    """Every shard counted once, a short batch (fewer images than devices) included."""
+    params = lenet.init_params(ref.STD, ref.SEED)
+    X = np.random.default_rng(0).random((7, 1, 28, 28), dtype=np.float32)
+    y = np.array(jnp.argmax(lenet.lenet(X, params), axis=1), np.int32)
+    y[::2] = (y[::2] + 1) % 10  # images 0, 2, 4, 6 predicted wrong
+    for n, (start, stop), want in ((1, (0, 7), 3), (2, (0, 7), 3), (2, (6, 7), 0), (2, (5, 6), 1)):
+        devs = cpus(n)
+        device_params = [lenet.get_params(params, d) for d in devs]
+        got = lenet.evaluate(device_params, X[start:stop], y[start:stop], devs)
+        assert got == want, (n, start, stop)
+
+
 # --- data parallel equals one device ---------------------------------------------------------
 
 
@@ -135,16 +150,14 @@ def test_float32_first_loss_matches_the_fixture():
 
 
 def argv(tmp_path, *extra):
-    return [
-        "--workload", "lenet", "--platform", "cpu", "--preset", "smoke", "--no-progress",
-        "--results", str(tmp_path / "r.jsonl"), *extra,
-    ]  # fmt: skip
+    smoke = ["--workload", "lenet", "--platform", "cpu", "--preset", "smoke", "--no-progress"]
+    return [*smoke, "--results", str(tmp_path / "r.jsonl"), *extra]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("n", [1, pytest.param(2, marks=pytest.mark.multi_device)])
 def test_smoke_run_writes_one_valid_record(tmp_path, capsys, n):
-    assert cli.run("jax", argv(tmp_path, "--gpus", str(n))) == 0
+    assert cli.run("jax", argv(tmp_path, "--gpus", str(n)), load=load) == 0
     (rec,) = results.load(tmp_path / "r.jsonl")
     cfg = config.get_config("lenet", "smoke")
     assert (rec.framework, rec.strategy, rec.devices, rec.virtual) == ("jax", "scratch", n, True)
@@ -174,7 +187,7 @@ def test_smoke_run_writes_one_valid_record(tmp_path, capsys, n):
     ],
 )
 def test_bad_input_is_one_clear_line_and_no_record(tmp_path, capsys, extra, message):
-    assert cli.run("jax", argv(tmp_path, *extra)) == cli.EXIT_BAD_INPUT
+    assert cli.run("jax", argv(tmp_path, *extra), load=load) == cli.EXIT_BAD_INPUT
     last = capsys.readouterr().err.splitlines()[-1]  # after the virtual-device note, if any
     assert last.startswith("error: ") and message in last
     assert not (tmp_path / "r.jsonl").exists()
@@ -182,10 +195,11 @@ def test_bad_input_is_one_clear_line_and_no_record(tmp_path, capsys, extra, mess
 
 def test_unknown_preset_is_refused_without_a_record(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:  # the command line refuses it ...
-        cli.run("jax", [*argv(tmp_path), "--preset", "huge"])
+        cli.run("jax", [*argv(tmp_path), "--preset", "huge"], load=load)
     assert e.value.code == 2 and "invalid choice: 'huge'" in capsys.readouterr().err
     args = cli.parser("jax").parse_args(argv(tmp_path))
     args.preset = "huge"  # ... and so does main, called directly
     with pytest.raises(config.ConfigError, match="unknown preset 'huge'"):
-        lenet.main(args, devices.DevicePlan(1, "cpu", virtual=True), cli.config_of(args))
+        plan, (_, hooks) = devices.DevicePlan(1, "cpu", virtual=True), load("lenet")
+        lenet.main(args, plan, cli.config_of(args), hooks)
     assert not (tmp_path / "r.jsonl").exists()

@@ -22,12 +22,14 @@ from flax import linen as nn
 
 from common import cli, config, data, devices, weights
 from jax_impl import resnet18 as r18
-from tests.fixtures import gpu_checks, numerics
+from jax_impl.__main__ import load
+from tests.fixtures import gpu_checks, numerics, runs
 from tests.fixtures import make_resnet18_parity as parity
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
 PARAMS = 11_175_818  # d2l's ResNet-18 (conv biases, no shortcut BN), 1 channel in, 10 classes
+HOOKS = load("resnet18")[1]  # what python -m jax_impl hands to main: harness.Hooks
 
 
 def test_parameter_count_and_names():
@@ -145,13 +147,12 @@ def test_two_devices_equal_one_device_with_batchnorm(strategy):
         axis = r18.AXIS if strategy == "pmap" else None
         net = r18.resnet18(width=8, axis_name=axis, dtype=jnp.float64)
         opt = r18.make_optimizer(0.1)
-        place, step, _ = getattr(r18, strategy)(net, opt, devs)
-        state, x_all, y_all = place(_start(net, opt)), place(x), place(y)
+        place, shard, step, _, total = getattr(r18, strategy)(net, opt, devs)
+        state, (x_all, y_all) = place(_start(net, opt)), place([x, y])
         got_losses = []
-        for idx in steps:
-            rows = place(data.shard_batch(idx, 2).astype(np.int32), True)
-            state, loss = step(state, x_all, y_all, rows)
-            got_losses.append(float(np.asarray(loss).reshape(-1)[0]))
+        for idx, part in zip(steps, shard(steps), strict=True):
+            state, loss = step(state, x_all, y_all, part)
+            got_losses.append(total([loss], [])[0] / len(idx))  # the batch's summed loss
         replicas = [state]
         if strategy == "pmap":  # one replica per device
             replicas = [jax.tree_util.tree_map(lambda a, i=i: a[i], state) for i in range(2)]
@@ -206,7 +207,7 @@ def _args(**kw):
 
 def test_unknown_strategy_is_a_config_error():
     with pytest.raises(config.ConfigError, match="unknown resnet18 strategy"):
-        r18.main(_args(strategy="ddp"), _plan(), cli.config_of(_args()))
+        r18.main(_args(strategy="ddp"), _plan(), cli.config_of(_args()), HOOKS)
 
 
 @functools.cache
@@ -216,7 +217,7 @@ def _smoke(strategy):
         path, out = Path(tmp) / "r.jsonl", io.StringIO()
         args = _args(strategy=strategy, results=str(path))
         with contextlib.redirect_stdout(out):
-            r18.main(args, _plan(), cli.config_of(args))
+            r18.main(args, _plan(), cli.config_of(args), HOOKS)
         return json.loads(path.read_text().splitlines()[-1]), out.getvalue()
 
 
@@ -294,24 +295,53 @@ def test_warm_up_steps_leave_the_initial_state():
     rng = np.random.default_rng(2)
     images = rng.integers(0, 256, (20, 28, 28), dtype=np.uint8)
     labels = rng.integers(0, 10, 20)
+    ds = (images, labels, images, labels)
     cfg = config.get_config("resnet18", "smoke", batch_size=8, lr=0.5, epochs=1)
     cfg = dataclasses.replace(cfg, steps_per_epoch=None, init_std=0.1)  # 8 + 8 + 4
     net, devs = r18.resnet18(width=4), jax.devices("cpu")[:1]
-    log, _ = r18.train(net, cfg, (images, labels, images, labels), devs, "sharding")
+    run = runs.run_for("resnet18", cfg, ds, devs, hooks=HOOKS)
+    r18.train(net, cfg, ds, r18.sharding, run)
+    log = run.epoch_log
     opt = r18.make_optimizer(cfg.lr)
-    place, step, _ = r18.sharding(net, opt, devs)
+    place, shard, step, _, _ = r18.sharding(net, opt, devs)
     variables = r18.init_weights(net, cfg.init_std, cfg.seed)
     state = place(dict(variables, opt_state=opt.init(variables["params"])))
-    x = place(data.to_float(images).transpose(0, 2, 3, 1))
-    y = place(labels.astype(np.int32))
+    x, y, _, _ = place(data.as_float(ds, np.int32, channels_last=True))
     total = 0.0
-    for idx in data.batches(20, 8, cfg.seed, 0):
-        state, loss = step(state, x, y, place(data.shard_batch(idx, 1).astype(np.int32), True))
-        total += float(loss) * len(idx)
+    for part in shard(data.batches(20, 8, cfg.seed, 0)):
+        state, loss = step(state, x, y, part)
+        total += float(loss)
     assert log.timed_steps == [3] and len(log.sec_per_epoch) == 1
     # The same float32 steps from the same state; the epoch loss sums 3 step losses (rule 3).
     error = abs(log.train_loss[0] - total / 20) / (total / 20)
     numerics.report("jax resnet18 warm-up epoch loss", error, numerics.reordered_sum_limit(3))
+
+
+@pytest.mark.multi_device
+@pytest.mark.parametrize("strategy", ["sharding", "pmap"])
+def test_correct_counts_a_padded_test_batch_exactly(strategy):
+    """`correct` pads each test batch to one size (one compilation) and masks the padding: on
+    a short last batch it counts what the model predicts right, and nothing more."""
+    rng = np.random.default_rng(4)
+    x = rng.random((40, 8, 8, 1), dtype=np.float32)
+    devs = jax.devices("cpu")[:2]
+    net = r18.resnet18(width=4, axis_name=r18.AXIS if strategy == "pmap" else None)
+    variables = r18.init_weights(net, 0.1, 0)
+    logits = np.asarray(net.apply(variables, x, train=False))
+    top2 = np.sort(logits, axis=-1)[:, -2:]
+    assert (top2[:, 1] - top2[:, 0] > 1e-4 * np.abs(logits).max()).all()  # no near-ties
+    y = logits.argmax(-1).astype(np.int32)
+    y[1::3] = (y[1::3] + 1) % 10  # every third prediction is wrong; the padding's (index 0) right
+    opt = r18.make_optimizer(0.1)
+    place, _, _, correct, total = getattr(r18, strategy)(net, opt, devs)
+    state, (x_all, y_all) = (
+        place(dict(variables, opt_state=opt.init(variables["params"]))),
+        place([x, y]),
+    )
+    batches = [np.arange(0, 30), np.arange(30, 37)]  # shorter than TEST_BATCH x 2
+    hits = [correct(state, x_all, y_all, idx) for idx in batches]
+    want = [int(np.sum(idx % 3 != 1)) for idx in batches]
+    assert [total([], [h])[1] for h in hits] == want
 
 
 @contextlib.contextmanager

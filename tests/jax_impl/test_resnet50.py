@@ -13,12 +13,15 @@ import numpy as np
 import pytest
 
 from common import cli, config, devices, stages, weights
+from jax_impl import devices as jdev
 from jax_impl import resnet50 as r50
+from jax_impl.__main__ import load
 from tests.fixtures import make_resnet50_fixture as gen
 from tests.fixtures import numerics
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 BATCH = 4
+HOOKS = load("resnet50")[1]  # what python -m jax_impl hands to main: harness.Hooks
 
 
 @pytest.fixture(scope="module")
@@ -129,16 +132,22 @@ def data(devs):
     return np.asarray(x[0], np.float64), np.asarray(y[0], np.float64)
 
 
+def merged(parts):
+    """The whole network's tree from the stages' parts (each on its device), on the host."""
+    whole = {}
+    for part in jax.device_get(parts):
+        for k, v in part.items():
+            whole.setdefault(k, {}).update(v)
+    return whole
+
+
 def one_step(model, train_bn, x, y, lr=0.01):
     """(output, gradients, variables after one SGD step) as numpy dicts."""
     model.train_bn = train_bn
     out = np.asarray(model(x))
     model.train_step(x, y, lr)
-    grads = {}
-    for g in jax.device_get(model.grads):
-        for k, v in g.items():
-            grads.setdefault(k, {}).update(v)
-    return out, r50.get_weights({"params": grads}), r50.get_weights(model.variables)
+    variables = {"params": merged(model.params), "batch_stats": merged(model.stats)}
+    return out, r50.get_weights({"params": merged(model.grads)}), r50.get_weights(variables)
 
 
 def compare(name, got, ref):
@@ -209,7 +218,7 @@ def args_for(tmp_path, **kw):
 
 def at_32(args):
     """The smoke preset at 32x32, the size of the tests above, so their compiled stages are
-    reused (each new shape costs XLA several seconds to compile on 2 cores)."""
+    reused (each new shape costs XLA a compilation of its own)."""
     return dataclasses.replace(cli.config_of(args), image_size=32)
 
 
@@ -220,7 +229,7 @@ def read(path):
 @pytest.mark.multi_device
 def test_main_default_writes_three_records(tmp_path):
     args = args_for(tmp_path)
-    r50.main(args, devices.DevicePlan(2, "cpu", True), at_32(args))
+    r50.main(args, devices.DevicePlan(2, "cpu", True), at_32(args), HOOKS)
     recs = read(args.results)
     assert [r["strategy"] for r in recs] == ["single", "model_parallel", "pipeline"]
     assert recs[0]["devices"] == 1 and recs[2]["split_size"] == 2
@@ -236,7 +245,7 @@ def test_main_default_writes_three_records(tmp_path):
 @pytest.mark.multi_device
 def test_main_sweep_writes_one_record_per_split(tmp_path):
     args = args_for(tmp_path, sweep=True)
-    r50.main(args, devices.DevicePlan(2, "cpu", True), at_32(args))
+    r50.main(args, devices.DevicePlan(2, "cpu", True), at_32(args), HOOKS)
     recs = read(args.results)
     assert [(r["strategy"], r["split_size"], r["extra"]["sweep"]) for r in recs] == [
         ("pipeline", s, True) for s in (1, 2, 4)
@@ -252,21 +261,23 @@ def test_sweep_takes_the_split_sizes_round_robin(tmp_path, devs):
     model, seen = r50.build("pipeline", devs[:2], 1, cfg.num_classes, cfg.seed), []
     step = model.train_step
     model.train_step = lambda *a: seen.append(model.split_size) or step(*a)
-    runs = r50.train(model, cfg, devs[:2], split_sizes=(1, 2, 4))
+    runs = r50.train(model, cfg, devs[:2], stages.Repeats(cfg, (1, 2, 4))).results()
     order = stages.round_robin((1, 2, 4), cfg.warmup, cfg.repeats)
     assert seen == [s for s in order for _ in range(cfg.num_batches)]
     assert {s: len(t.times) for s, (t, _) in runs.items()} == {1: 2, 2: 2, 4: 2}
     assert all(len(losses) == 3 * cfg.num_batches for _, losses in runs.values())
 
 
-def test_one_gpu_runs_pipeline_with_both_stages_on_it(tmp_path, devs):
+def test_one_gpu_runs_pipeline_with_both_stages_on_it(tmp_path, devs, monkeypatch):
     """A one-GPU plan, simulated with one CPU device: two stages share it, and the record says
     so (it measures the per-micro-batch overhead, not overlap)."""
     plan = devices.DevicePlan(1, "gpu", False)
     args = args_for(tmp_path, gpus=1, strategy="pipeline", split_size=2)
-    [rec] = r50.run_strategy(args, plan, at_32(args), devs[:1], "pipeline", (2,))
-    assert rec.devices == 1 and rec.split_size == 2
-    assert rec.extra["stages_share_device"] is True and rec.extra["num_stages"] == 2
+    monkeypatch.setattr(jdev, "get_devices", lambda plan: devs[:1])  # the "GPU"
+    r50.main(args, plan, at_32(args), HOOKS)
+    [rec] = read(args.results)
+    assert rec["devices"] == 1 and rec["split_size"] == 2
+    assert rec["extra"]["stages_share_device"] is True and rec["extra"]["num_stages"] == 2
 
 
 def test_main_refuses_bad_requests_before_writing(tmp_path):
@@ -278,5 +289,5 @@ def test_main_refuses_bad_requests_before_writing(tmp_path):
     ]
     for args, plan, message in cases:
         with pytest.raises(config.ConfigError, match=message):
-            r50.main(args, plan, cli.config_of(args))
+            r50.main(args, plan, cli.config_of(args), HOOKS)
     assert not (tmp_path / "r.jsonl").exists()

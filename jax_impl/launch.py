@@ -1,0 +1,66 @@
+"""Several JAX processes (hosts, or one process per GPU), the way resnet18's `sharding` runs one
+program over every process's devices: `jax.distributed.initialize` joins them, after which
+`jax.devices()` lists every process's devices and each process computes on its own. The global
+batch is the one a single process would take; process 0 writes the record.
+
+Each process is started by hand with the same command and three variables: the coordinator's
+address (host:port of process 0), the number of processes and this one's id. Two processes on
+one machine, one CPU device each:
+
+  JAX_COORDINATOR_ADDRESS=127.0.0.1:29600 JAX_NUM_PROCESSES=2 JAX_PROCESS_ID=R \
+      python -m jax_impl --workload resnet18 --gpus 1 --platform cpu   # R = 0 and 1
+
+JAX_INIT_TIMEOUT (seconds, default 60) bounds the wait for the others.
+"""
+
+import os
+
+import jax
+
+from common import cli, config, devices, processes
+
+
+def join(strategy: str, plan: devices.DevicePlan):
+    """Join the other processes when JAX_NUM_PROCESSES > 1: (the plan counting every process's
+    devices, those devices); else (plan, None). Runs before anything touches a JAX backend.
+    Bad JAX_* values are config errors; the wait ends after JAX_INIT_TIMEOUT s in one line."""
+    count = processes.env_int("JAX_NUM_PROCESSES", "1", 1)
+    if count < 2:
+        return plan, None
+    if strategy != "sharding":
+        raise config.ConfigError("several JAX processes need --strategy sharding (not pmap)")
+    if "JAX_COORDINATOR_ADDRESS" not in os.environ or "JAX_PROCESS_ID" not in os.environ:
+        raise config.ConfigError(
+            "JAX_NUM_PROCESSES is set: also set JAX_COORDINATOR_ADDRESS and JAX_PROCESS_ID"
+        )
+    rank = processes.env_int("JAX_PROCESS_ID", None, 0)
+    if rank >= count:
+        raise config.ConfigError(
+            f"JAX_PROCESS_ID={rank} of {count} processes: use 0 to {count - 1}"
+        )
+    address = os.environ["JAX_COORDINATOR_ADDRESS"]
+    port = processes.port_of(address, "JAX_COORDINATOR_ADDRESS")
+    if rank == 0:  # jax segfaults when its coordinator cannot bind the port
+        processes.check_port_free(port, "JAX_COORDINATOR_ADDRESS")
+    timeout = processes.env_int("JAX_INIT_TIMEOUT", "60", 1)
+    # jax's own deadline aborts with a C++ stack dump: this one ends the wait first, in one line
+    with processes.deadline(
+        timeout, _not_joined(rank, count, address, timeout), cli.EXIT_BAD_INPUT
+    ):
+        jax.distributed.initialize(address, count, rank, initialization_timeout=timeout + 60)
+    devs = jax.devices("gpu" if plan.platform == "gpu" else "cpu")  # every process's devices
+    return devices.DevicePlan(len(devs), plan.platform, plan.virtual), devs
+
+
+def _not_joined(rank, count, address, timeout):
+    """What to do when the processes did not all meet in time, as seen from process `rank`."""
+    if rank == 0:
+        ids = "1" if count == 2 else f"1 to {count - 1}"
+        what = f"process {ids} of {count} did not join within {timeout} s; start it"
+    else:
+        ids = f"0 (the coordinator) to {count - 1}"
+        what = f"process {rank} of {count} waited {timeout} s for the others; start them"
+    return (
+        f"error: {what} with JAX_PROCESS_ID={ids}, JAX_NUM_PROCESSES={count} and "
+        f"JAX_COORDINATOR_ADDRESS={address} (or raise JAX_INIT_TIMEOUT)"
+    )
