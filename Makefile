@@ -1,6 +1,6 @@
 # Multi-device training side by side: PyTorch, JAX, MXNet.
 #   make compare                          the main job: every framework x workload, then the report
-#   make test                             every test suite, each in its framework's environment
+#   make test | test-slow | test-all     the fast tier (not slow), the rest, both; test-gpu: GPU tier
 #   make numerics [NUMERICS_ISAS=AVX2]    the numerics tests, natively and with the ISA capped
 #   make bench FRAMEWORK=jax GPUS=2 [WORKLOAD=lenet] [PRESET=cpu] [PLATFORM=auto] [STRATEGY=...]
 #   make ceiling [FRAMEWORK=jax] [WORKLOAD=lenet] [PRESET=cpu] [RESULTS=..]   the framework's own
@@ -99,15 +99,44 @@ READY = ready() { [ -e $(VENV)/$$1/.stamp ] && return; \
 
 # --- tests: framework-free suites in base (numpy 2) and again in mxnet (numpy 1.23); each
 # framework's suite in its own environment
-test: setup
-	@status=0; $(READY); \
-	run() { echo "== pytest in $(VENV)/$$1: $${@:2}"; $(VENV)/$$1/bin/python -m pytest -q "$${@:2}"; rc=$$?; \
+# Two tiers that together run every test once: `make test`, every test not marked `slow` (the
+# suite a contributor runs after each change, minutes), and `make test-slow`, the slow ones and
+# the framework-free suites again under MXNet's numpy 1.23. `make test-all` (CI) runs both.
+TIER_test := -m "not slow"
+TIER_test-slow := -m slow
+.PHONY: test-slow test-all
+test test-slow: setup
+	@status=0; start=$$(date +%s); $(READY); \
+	run() { echo "== pytest in $(VENV)/$$1: $${@:2}"; \
+	        $(VENV)/$$1/bin/python -m pytest -q $(TIER_$@) "$${@:2}"; rc=$$?; \
+	        if [ $$rc -eq 5 ]; then rc=0; fi; \
 	        if [ $$rc -ne 0 ]; then echo "== FAILED in $$1 (exit $$rc)"; status=1; fi; }; \
 	run base tests/common tests/compare; \
 	for f in $(SELECTED); do \
 	  ready $$f || continue; \
-	  if [ $$f = mxnet ]; then run $$f tests/common tests/compare tests/$${f}_impl; else run $$f tests/$${f}_impl; fi; \
+	  run $$f tests/$${f}_impl; \
 	done; \
+	if [ $@ = test-slow ] && ready mxnet; then \
+	  echo "== the framework-free suites under numpy 1.23"; \
+	  $(VENV)/mxnet/bin/python -m pytest -q tests/common tests/compare || status=1; \
+	fi; \
+	echo "== make $@: $$(( $$(date +%s) - start )) s"; \
+	exit $$status
+
+test-all: test test-slow
+
+# The GPU tier: every test marked `gpu` in the torch and JAX suites (MXNet's build is CPU-only),
+# with how many ran and the total time, so a short lent GPU can run all of it first. On a GPU
+# machine without .venvs: make test-gpu GPU_PYTHON=python3.
+GPU_PYTHON ?=
+.PHONY: test-gpu
+test-gpu:
+	@status=0; start=$$(date +%s); \
+	for f in torch jax; do \
+	  py=$${GPU_PYTHON:-$(VENV)/$$f/bin/python}; echo "== pytest -m gpu in $$f ($$py)"; \
+	  $$py -m pytest -q -m gpu -p no:cacheprovider tests/$${f}_impl || status=1; \
+	done; \
+	echo "== make test-gpu: $$(( $$(date +%s) - start )) s"; \
 	exit $$status
 
 # --- numerics: the tests marked `numerics` (tests/fixtures/numerics.py), natively and with the CPU

@@ -94,7 +94,7 @@ def check_nodes(framework: str, args: argparse.Namespace) -> None:
     if framework == "jax":
         raise config.ConfigError(
             f"{given[0]} is for torch: JAX's processes meet through JAX_COORDINATOR_ADDRESS, "
-            "JAX_NUM_PROCESSES and JAX_PROCESS_ID (jax_impl/resnet18.py); drop it"
+            "JAX_NUM_PROCESSES and JAX_PROCESS_ID (jax_impl/launch.py); drop it"
         )
     if framework == "mxnet":
         raise config.ConfigError(

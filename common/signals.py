@@ -31,26 +31,47 @@ def exit_code(stop: KeyboardInterrupt) -> int:
     return 128 + getattr(stop, "signum", signal.SIGINT)
 
 
-def _raise(signum, frame):
-    raise Stopped(signum)
-
-
 @contextlib.contextmanager
-def as_interrupt() -> Iterator[None]:
+def as_interrupt(grace: float = 5.0) -> Iterator[None]:
     """SIGTERM and SIGHUP raise `Stopped` (a KeyboardInterrupt) inside the block, in the main
-    thread; one that was ignored when the process started (`nohup`) stays ignored."""
+    thread, as SIGINT raises KeyboardInterrupt; a signal ignored when the process started
+    (`nohup`) stays ignored. Python runs a handler only between bytecodes, so a main thread
+    blocked in a framework's C++ (a collective waiting for a peer that is gone) would never see
+    it: a watchdog thread hears every stop signal too (signal.set_wakeup_fd), and when the main
+    thread has not taken it up within `grace` seconds, says the line and ends the process."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    saved = {s: signal.getsignal(s) for s in STOPS}
-    for s, handler in saved.items():
-        if handler is not signal.SIG_IGN:
-            signal.signal(s, _raise)
+    taken = threading.Event()
+
+    def handler(signum, frame):
+        taken.set()
+        raise Stopped(signum) if signum != signal.SIGINT else KeyboardInterrupt
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, *STOPS)}
+    for s, old in saved.items():
+        if old is not signal.SIG_IGN and (s in STOPS or old is signal.default_int_handler):
+            signal.signal(s, handler)
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    wakeup = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    threading.Thread(target=_watchdog, args=(read, taken, grace), daemon=True).start()
     try:
         yield
     finally:
-        for s, handler in saved.items():
-            signal.signal(s, handler)
+        signal.set_wakeup_fd(wakeup)
+        os.close(write)  # the watchdog reads the end and leaves
+        for s, old in saved.items():
+            signal.signal(s, old)
+
+
+def _watchdog(read: int, taken: threading.Event, grace: float) -> None:
+    with open(read, "rb", buffering=0) as pipe:
+        while byte := pipe.read(1):
+            signum = byte[0]
+            if signum in (signal.SIGINT, *STOPS) and not taken.wait(grace):
+                os.write(2, b"interrupted; no record written\n")
+                os._exit(128 + signum)
 
 
 def watch_parent(on_exit: Callable[[], None] | None = None, grace: float = 10.0) -> None:

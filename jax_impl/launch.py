@@ -10,7 +10,9 @@ one machine, one CPU device each:
   JAX_COORDINATOR_ADDRESS=127.0.0.1:29600 JAX_NUM_PROCESSES=2 JAX_PROCESS_ID=R \
       python -m jax_impl --workload resnet18 --gpus 1 --platform cpu   # R = 0 and 1
 
-JAX_INIT_TIMEOUT (seconds, default 60) bounds the wait for the others.
+JAX_INIT_TIMEOUT (seconds, default 60) bounds the wait for the others. The coordinator listens on
+the address given, and nothing authenticates the processes: on several machines, a trusted
+network only.
 """
 
 import os
@@ -44,10 +46,19 @@ def join(strategy: str, plan: devices.DevicePlan):
         processes.check_port_free(port, "JAX_COORDINATOR_ADDRESS")
     timeout = processes.env_int("JAX_INIT_TIMEOUT", "60", 1)
     # jax's own deadline aborts with a C++ stack dump: this one ends the wait first, in one line
-    with processes.deadline(
-        timeout, _not_joined(rank, count, address, timeout), cli.EXIT_BAD_INPUT
-    ):
-        jax.distributed.initialize(address, count, rank, initialization_timeout=timeout + 60)
+    line = _not_joined(rank, count, address, timeout)
+    with processes.deadline(timeout, line, cli.EXIT_BAD_INPUT):
+        # The coordinator listens on the address it is given, not every interface (127.0.0.1:
+        # this machine only): the processes authenticate nobody. No preemption service: it
+        # takes SIGTERM for itself, where a SIGTERM stops this run as a Ctrl-C does.
+        jax.config.update("jax_enable_preemption_service", False)
+        jax.distributed.initialize(
+            address,
+            count,
+            rank,
+            initialization_timeout=timeout + 60,
+            coordinator_bind_address=address,
+        )
     devs = jax.devices("gpu" if plan.platform == "gpu" else "cpu")  # every process's devices
     return devices.DevicePlan(len(devs), plan.platform, plan.virtual), devs
 

@@ -25,6 +25,7 @@ TITLES = {
     "resnet50": "ResNet-50, model parallel and pipelined (the PyTorch tutorial)",
 }
 ALL = "*"  # the same names in every framework
+JAX_STAGES = ["forward", "stage_forward", "stage_backward", "last_stage_step", "sgd"]
 
 # (concept, what it shows, {framework or ALL: the top-level names that hold it})
 ROWS = {
@@ -65,7 +66,15 @@ ROWS = {
     "resnet50": [
         ("toy model", "the whole idea in a few lines", {ALL: ["ToyModel", "train_toy"]}),
         ("stages", "the network cut into one stage per device", {ALL: ["split_into_stages"]}),
-        ("model parallel", "stage after stage", {ALL: ["ModelParallelResNet50"]}),
+        (
+            "model parallel",
+            "stage after stage (JAX differentiates each stage with jitted pieces of its own)",
+            {
+                "torch": ["ModelParallelResNet50"],
+                "jax": [*JAX_STAGES, "ModelParallelResNet50"],
+                "mxnet": ["ModelParallelResNet50"],
+            },
+        ),
         ("pipeline", "micro-batches overlapping the stages", {ALL: ["PipelineParallelResNet50"]}),
         ("train", "the tutorial's training loop", {ALL: ["train"]}),
     ],
@@ -104,7 +113,8 @@ def cells(workload: str) -> list[tuple[str, str, dict[str, str]]]:
 def markdown(workload: str) -> str:
     """The page in Markdown: one table per concept, a column per framework (GitHub renders the
     fenced code inside the table's cells)."""
-    out = [f"# {TITLES[workload]}", "", _intro(workload, "html"), ""]
+    link = f"[{workload}.html]({workload}.html)"
+    out = [f"# {TITLES[workload]}", "", _intro(f"HTML: {link}"), ""]
     for concept, what, row in cells(workload):
         out += [f"## {concept}", "", f"{what}.", "", "<table><tr>"]
         out += [f"<th>{f}_impl/{workload}.py</th>" for f in FRAMEWORKS]
@@ -126,12 +136,13 @@ STYLE = (
 def html_page(workload: str) -> str:
     """The page as one HTML file: the three columns in a grid, each cell escaped source."""
     title = html.escape(TITLES[workload])
+    link = f'<a href="{workload}.md">{workload}.md</a>'
     out = [
         "<!DOCTYPE html>",
         f'<html><head><meta charset="utf-8"><title>{title}</title>',
         f"<style>{STYLE}</style></head><body>",
         f"<h1>{title}</h1>",
-        f"<p>{html.escape(_intro(workload, 'md'))}</p>",
+        f"<p>{_intro(f'Markdown: {link}')}</p>",
     ]
     for concept, what, row in cells(workload):
         out.append(f"<h2>{html.escape(concept)}</h2><p>{html.escape(what)}.</p>")
@@ -144,11 +155,10 @@ def html_page(workload: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def _intro(workload: str, other: str) -> str:
+def _intro(other: str) -> str:
     return (
-        f"Generated from the code by `make lessons` (tools/lessons.py); the same page as "
-        f"{other.upper()}: {workload}.{other}. The measuring around each loop lives in "
-        "common/harness.py."
+        f"Generated from the code by make lessons (tools/lessons.py); the same page in {other}. "
+        "The measuring around each loop lives in common/harness.py."
     )
 
 

@@ -3,11 +3,16 @@
 import argparse
 import os
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from common import checks, cli, config
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_bad_setting_fails_before_the_framework_is_imported(capsys):
@@ -82,9 +87,28 @@ def test_an_ignored_hangup_stays_ignored():
     try:
         with cli.signals.as_interrupt():
             assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
-            assert signal.getsignal(signal.SIGTERM) is cli.signals._raise
+            assert callable(signal.getsignal(signal.SIGTERM))  # the run's handler
     finally:
         signal.signal(signal.SIGHUP, before)
+
+
+def test_a_main_thread_stuck_in_native_code_is_ended_by_the_watchdog(tmp_path):
+    """A process whose main thread never returns to Python after a stop signal (a collective
+    waiting for a peer that is gone) still ends, with the line and 128 + the signal's number:
+    the watchdog heard the signal and the handler never ran."""
+    code = (
+        "import os, signal, time\n"
+        "from common import signals\n"
+        "with signals.as_interrupt(grace=0.5):\n"
+        "    signal.signal(signal.SIGTERM, lambda *a: None)  # as if its handler never ran\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    time.sleep(10)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, cwd=ROOT
+    )
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr
+    assert done.stderr.strip() == "interrupted; no record written"
 
 
 def test_worker_argv_reproduces_the_command_line_with_absolute_paths(tmp_path, monkeypatch):

@@ -4,6 +4,7 @@ two-process run itself is tested in test_resnet18.py."""
 
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import pytest
 
 from common import config, devices
 from jax_impl import launch
+from tests.fixtures import interrupt, sockets, stopping
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -100,3 +102,33 @@ def test_process_0_on_a_taken_port_is_one_line(tmp_path):
         f"error: port {port} of JAX_COORDINATOR_ADDRESS cannot be used (Address already in use): "
         "another program holds it; choose a free port for every process"
     )
+
+
+@pytest.mark.slow
+@pytest.mark.multi_device
+def test_two_processes_listen_on_loopback_and_stop_on_sigterm(tmp_path):
+    """Two processes of one machine (JAX_COORDINATOR_ADDRESS=127.0.0.1:PORT): while they train,
+    every socket they listen on (the coordinator's, the collectives') is a loopback one; a
+    SIGTERM to each ends it as Ctrl-C does, and nothing is recorded."""
+    results = tmp_path / "r.jsonl"
+    command = ["jax_impl", "--workload", "resnet18", "--gpus", "1"]
+    address = f"127.0.0.1:{free_port()}"
+    procs = [
+        stopping.start(command, results, env={**process_0(address), "JAX_PROCESS_ID": str(r)})
+        for r in (0, 1)
+    ]
+    try:
+        interrupt.wait_for_line(procs[0], "epoch 1/")
+        addresses = sockets.listening([p.pid for p in procs])
+        assert addresses and not sockets.not_loopback(addresses), addresses
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            _, err = p.communicate(timeout=90)
+            assert p.returncode == 128 + signal.SIGTERM, err
+            assert err.strip().splitlines()[-1] == interrupt.LAST_LINE, err
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+    assert not results.exists()
