@@ -1,0 +1,165 @@
+"""JAX's ResNet-18 step three ways, on one device: the project's (jax_impl/resnet18.py: `sharding`'s
+jitted step, the state donated, the batch gathered on the device, BatchNorm's two-pass variance),
+the same with flax's default one-pass variance (E[x^2] - E[x]^2), and the book's program (d2l
+13.6's JAX code: `jax.pmap`, each batch copied from the host, flax's default BatchNorm, optax's
+SGD). `python -m tools.jax_step [--batch 256] [--steps 50] [--rounds 3]`, with JAX's
+environment; on a CPU `--width 8 --batch 16 --steps 2 --rounds 1` checks that it runs.
+
+For each variant: XLA's own cost analysis of the compiled step (FLOPs, bytes accessed) and the
+milliseconds per step, the variants taking turns over `--rounds` rounds (a median each). A probe
+of where the project's step differs from the book's, not a benchmark of the loop; with
+`--results` it appends one JSON line (hardware, versions, commit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from common import results
+
+VARIANTS = ("project", "one-pass variance", "d2l program")
+
+
+def _one_pass(train, use_bn, axis_name, dtype, name):
+    """jax_impl.resnet18.batch_norm with flax's default variance (one pass), torch's momentum
+    and epsilon kept: what the variance alone changes."""
+    from flax import linen as nn
+
+    kw = {"momentum": 0.9, "epsilon": 1e-5, "axis_name": axis_name, "dtype": dtype}
+    return nn.BatchNorm(use_running_average=not train, name=name, **kw)
+
+
+def _project_step(net, batch: int, x_all, y_all):
+    """The project's step, as `sharding` builds it on one device, and its first state."""
+    import jax
+
+    from jax_impl import resnet18
+
+    optimizer = resnet18.make_optimizer(0.1)
+    variables = resnet18.init_weights(net, 0.01, 0)
+    state = dict(variables, opt_state=optimizer.init(variables["params"]))
+
+    def step(state, idx):
+        return resnet18.train_step(net, optimizer, state, x_all[idx], y_all[idx])
+
+    step = jax.jit(step, donate_argnums=0)
+    idx = jax.device_put(np.arange(batch, dtype=np.int32))
+    return (lambda s: step(s, idx)[0]), step.lower(state, idx), state
+
+
+def _book_step(net, batch: int, x_host, y_host):
+    """The book's step: pmap over one device, the batch copied from the host every step."""
+    import jax
+    from jax import lax
+
+    from jax_impl import resnet18
+
+    optimizer = resnet18.make_optimizer(0.1)
+    variables = resnet18.init_weights(net, 0.01, 0)
+    state = jax.device_put_replicated(
+        dict(variables, opt_state=optimizer.init(variables["params"])), jax.devices()[:1]
+    )
+
+    def step(state, x, y):
+        new, loss = resnet18.train_step(net, optimizer, state, x, y)
+        return new, lax.pmean(loss, "data")
+
+    step = jax.pmap(step, "data", donate_argnums=0)
+    x, y = x_host[None, :batch], y_host[None, :batch]
+    return (lambda s: step(s, x, y)[0]), None, state
+
+
+def build(args) -> dict:
+    """{variant: (step, lowered or None, state)} on one random batch, each step called once
+    (it compiles; the one-pass variants while their BatchNorm is in place, since flax looks
+    `batch_norm` up when it traces)."""
+    import jax
+
+    from jax_impl import resnet18
+
+    rng = np.random.default_rng(0)
+    x_host = rng.random((args.batch, 28, 28, 1), dtype=np.float32)
+    y_host = rng.integers(0, 10, args.batch).astype(np.int32)
+    x_all, y_all = jax.device_put((x_host, y_host))
+    plain = resnet18.resnet18(width=args.width)
+    steps = {"project": _project_step(plain, args.batch, x_all, y_all)}
+    two_pass, resnet18.batch_norm = resnet18.batch_norm, _one_pass
+    try:
+        fast = resnet18.resnet18(width=args.width)
+        steps["one-pass variance"] = _project_step(fast, args.batch, x_all, y_all)
+        steps["d2l program"] = _book_step(fast, args.batch, x_host, y_host)
+        return {k: (f, low, jax.block_until_ready(f(s))) for k, (f, low, s) in steps.items()}
+    finally:
+        resnet18.batch_norm = two_pass
+
+
+def cost(lowered) -> dict:
+    """XLA's cost analysis of the compiled step (None each where the backend gives none)."""
+    if lowered is None:
+        return {"flops": None, "bytes_accessed": None}
+    analysis = lowered.compile().cost_analysis()
+    analysis = analysis[0] if isinstance(analysis, list) else analysis or {}
+    return {"flops": analysis.get("flops"), "bytes_accessed": analysis.get("bytes accessed")}
+
+
+def measure(steps: dict, n: int, rounds: int) -> dict:
+    """Milliseconds per step of each variant: `rounds` rounds taking turns, each `n` steps
+    queued then waited for."""
+    import jax
+
+    states = {k: state for k, (_, _, state) in steps.items()}
+    times = {k: [] for k in steps}
+    for _ in range(rounds):
+        for k, (step, _, _) in steps.items():
+            start = time.perf_counter()
+            for _ in range(n):
+                states[k] = step(states[k])
+            jax.block_until_ready(states[k])
+            times[k].append((time.perf_counter() - start) / n * 1e3)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m tools.jax_step", description=__doc__[:80])
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--width", type=int, default=64, help="ResNet-18's first width (d2l: 64)")
+    p.add_argument("--steps", type=int, default=50, help="steps per timed round")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--results", default=None, help="JSON Lines file to append the table to")
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    if min(args.batch, args.width, args.steps, args.rounds) < 1:
+        print("error: --batch, --width, --steps and --rounds must be at least 1", file=sys.stderr)
+        return 2
+    import jax
+
+    from jax_impl import devices
+
+    steps = build(args)
+    ms = measure(steps, args.steps, args.rounds)
+    rows = {k: {"ms_per_step": ms[k], **cost(steps[k][1])} for k in VARIANTS}
+    device = jax.devices()[0]
+    for k, row in rows.items():
+        flops, moved = row["flops"], row["bytes_accessed"]
+        print(f"{k:>18}: {row['ms_per_step']:.3f} ms/step, {flops} FLOPs, {moved} bytes accessed")
+    print(f"on {device.device_kind} ({device.platform}), batch {args.batch}")
+    if args.results:
+        versions, hardware = results.environment(devices.versions())
+        line = {"probe": "tools.jax_step", "batch": args.batch, "width": args.width}
+        line |= {"steps": args.steps, "rounds": args.rounds, "variants": rows}
+        line |= {"device": device.device_kind, "versions": versions, "hardware": hardware}
+        line |= {"git_commit": results.git_commit(), "timestamp": results.utc_now()}
+        results.append_line(line, args.results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
