@@ -13,6 +13,7 @@ def test_a_profiled_ceiling_traces_its_first_timed_repeat(tmp_path):
     profile_checks.check_ceiling("jax", tmp_path)
 
 
+@pytest.mark.slow
 def test_a_profiled_resnet50_pipeline_traces_one_timed_repeat(tmp_path):
     profile_checks.check_resnet50("jax", tmp_path)
 

@@ -226,6 +226,7 @@ def read(path):
     return [json.loads(line) for line in Path(path).read_text().splitlines()]
 
 
+@pytest.mark.slow
 @pytest.mark.multi_device
 def test_main_default_writes_three_records(tmp_path):
     args = args_for(tmp_path)

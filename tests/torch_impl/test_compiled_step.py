@@ -13,6 +13,7 @@ from torch_impl import resnet18
 ARGS = ["--eager", "--batch", "4", "--steps", "2", "--rounds", "1"]
 
 
+@pytest.mark.slow
 def test_probe_appends_one_line_with_every_variant(tmp_path, capsys):
     out = tmp_path / "r.jsonl"
     assert compiled_step.main([*ARGS, "--results", str(out)]) == 0

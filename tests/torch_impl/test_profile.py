@@ -22,6 +22,7 @@ def test_a_profiled_resnet50_pipeline_traces_one_timed_repeat(tmp_path):
     profile_checks.check_resnet50("torch", tmp_path)
 
 
+@pytest.mark.slow
 def test_a_profiled_gpipe_run_traces_one_timed_repeat_per_stage(tmp_path):
     profile_checks.check_resnet50("torch", tmp_path, "gpipe")
 
