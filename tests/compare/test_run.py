@@ -14,6 +14,7 @@ import pytest
 from common import processes
 from compare import progress, run, stream
 from compare.run import Step
+from tests.fixtures import interrupt
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKLOADS = ["lenet", "resnet18", "resnet50"]
@@ -495,19 +496,12 @@ def test_a_stop_signal_stops_the_run_under_way_and_its_workers(tmp_path, signum)
     pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
     cmd = [sys.executable, "-m", "compare.run", *argv, "--python", str(python)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, preexec_fn=_terminals_signals, **pipes)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, preexec_fn=interrupt.terminal_signals, **pipes)
     pids = next([int(p) for p in line.split()[-2:]] for line in proc.stdout if "| pids" in line)
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=90)
     assert proc.returncode == 128 + signum and err.strip() == "interrupted", err
     _assert_ended(pids)
-
-
-def _terminals_signals():
-    """In the child: the stop signals at their defaults, as a terminal's command has them (a
-    background job or `nohup` ignores some, and an ignored signal stays ignored)."""
-    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(s, signal.SIG_DFL)
 
 
 def _assert_ended(pids):
