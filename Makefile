@@ -134,7 +134,7 @@ test-gpu:
 	@status=0; start=$$(date +%s); \
 	for f in torch jax; do \
 	  py=$${GPU_PYTHON:-$(VENV)/$$f/bin/python}; echo "== pytest -m gpu in $$f ($$py)"; \
-	  $$py -m pytest -q -m gpu -p no:cacheprovider tests/$${f}_impl || status=1; \
+	  $$py -m pytest -q -m gpu -p no:cacheprovider --durations=10 tests/$${f}_impl || status=1; \
 	done; \
 	echo "== make test-gpu: $$(( $$(date +%s) - start )) s"; \
 	exit $$status

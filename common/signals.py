@@ -8,6 +8,7 @@ nobody asked for any more.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
@@ -16,6 +17,9 @@ import time
 from collections.abc import Callable, Iterator
 
 STOPS = (signal.SIGTERM, signal.SIGHUP)  # handled as SIGINT is
+GRACE = 5.0  # seconds a stop waits for the main thread before the watchdog ends the process
+LEAVE_BOUND = 30.0  # seconds the watchdog gives the leave-taking of `before_forced_exit`
+_LEAVE: list[Callable[[], None]] = []
 
 
 class Stopped(KeyboardInterrupt):
@@ -32,7 +36,7 @@ def exit_code(stop: KeyboardInterrupt) -> int:
 
 
 @contextlib.contextmanager
-def as_interrupt(grace: float = 5.0) -> Iterator[None]:
+def as_interrupt(grace: float = GRACE) -> Iterator[None]:
     """SIGTERM and SIGHUP raise `Stopped` (a KeyboardInterrupt) inside the block, in the main
     thread, as SIGINT raises KeyboardInterrupt; a signal ignored when the process started
     (`nohup`) stays ignored. Python runs a handler only between bytecodes, so a main thread
@@ -65,11 +69,36 @@ def as_interrupt(grace: float = 5.0) -> Iterator[None]:
             signal.signal(s, old)
 
 
+def on_leaving(leave: Callable[[], None]) -> None:
+    """Call `leave` once as the process ends, however it ends: at its normal exit, or from the
+    watchdog before it ends a process whose main thread could not take up a stop (within
+    LEAVE_BOUND seconds). For a group whose members wait at exit for each other's goodbye
+    (jax.distributed's shutdown barrier): one gone without it leaves the others to abort, and
+    one saying it twice cancels its first."""
+    lock, said = threading.Lock(), []
+
+    def leave_once():
+        if lock.acquire(timeout=LEAVE_BOUND):  # the other caller's goodbye, under way
+            try:
+                if not said:
+                    said.append(True)
+                    leave()
+            finally:
+                lock.release()
+
+    atexit.register(leave_once)
+    _LEAVE.append(leave_once)
+
+
 def _watchdog(read: int, taken: threading.Event, grace: float) -> None:
     with open(read, "rb", buffering=0) as pipe:
         while byte := pipe.read(1):
             signum = byte[0]
             if signum in (signal.SIGINT, *STOPS) and not taken.wait(grace):
+                for leave in _LEAVE:
+                    goodbye = threading.Thread(target=leave, daemon=True)
+                    goodbye.start()
+                    goodbye.join(LEAVE_BOUND)
                 os.write(2, b"interrupted; no record written\n")
                 os._exit(128 + signum)
 

@@ -19,7 +19,7 @@ import os
 
 import jax
 
-from common import cli, config, devices, processes
+from common import cli, config, devices, processes, signals
 
 
 def join(strategy: str, plan: devices.DevicePlan):
@@ -59,6 +59,9 @@ def join(strategy: str, plan: devices.DevicePlan):
             initialization_timeout=timeout + 60,
             coordinator_bind_address=address,
         )
+    # Every process waits at exit for the others' goodbye: each says it once, also one ended
+    # by a stop its main thread could not take up (inside a collective), or the others abort.
+    signals.on_leaving(jax.distributed.shutdown)
     devs = jax.devices("gpu" if plan.platform == "gpu" else "cpu")  # every process's devices
     return devices.DevicePlan(len(devs), plan.platform, plan.virtual), devs
 

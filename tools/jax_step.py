@@ -5,18 +5,23 @@ the same with flax's default one-pass variance (E[x^2] - E[x]^2), and the book's
 SGD). `python -m tools.jax_step [--batch 256] [--steps 50] [--rounds 3]`, with JAX's
 environment; on a CPU `--width 8 --batch 16 --steps 2 --rounds 1` checks that it runs.
 
-For each variant: XLA's own cost analysis of the compiled step (FLOPs, bytes accessed) and the
-milliseconds per step, the variants taking turns over `--rounds` rounds (a median each). A probe
-of where the project's step differs from the book's, not a benchmark of the loop; with
-`--results` it appends one JSON line (hardware, versions, commit).
+For each variant: XLA's own cost analysis of the compiled step (FLOPs, bytes accessed), the
+instructions of its optimized program's entry computation by opcode (each fusion, convolution or
+custom call a kernel on a GPU: the HLO's difference in a few numbers; `--hlo DIR` writes each
+program whole, to diff) and the milliseconds per step, the variants taking turns over `--rounds`
+rounds (a median each). A probe of where the project's step differs from the book's, not a
+benchmark of the loop; with `--results` it appends one JSON line (hardware, versions, commit).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import re
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -70,7 +75,7 @@ def _book_step(net, batch: int, x_host, y_host):
 
     step = jax.pmap(step, "data", donate_argnums=0)
     x, y = x_host[None, :batch], y_host[None, :batch]
-    return (lambda s: step(s, x, y)[0]), None, state
+    return (lambda s: step(s, x, y)[0]), step.lower(state, x, y), state
 
 
 def build(args) -> dict:
@@ -98,13 +103,38 @@ def build(args) -> dict:
         resnet18.batch_norm = two_pass
 
 
-def cost(lowered) -> dict:
-    """XLA's cost analysis of the compiled step (None each where the backend gives none)."""
-    if lowered is None:
-        return {"flops": None, "bytes_accessed": None}
-    analysis = lowered.compile().cost_analysis()
+# An instruction of HLO text: `%name = shape opcode(operands), ...`, ROOT marking the last.
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?[\w.\-]+ = .*? ([a-z][a-z0-9\-]*)\(")
+# What the entry computation only passes around, not what it computes.
+_PLUMBING = {"parameter", "get-tuple-element", "tuple", "constant", "bitcast"}
+
+
+def entry_opcodes(text: str) -> dict:
+    """The optimized program's entry computation, its instructions counted by opcode (plumbing
+    left out). Fused computations are skipped: each fusion counts once, as its kernel runs."""
+    counts, inside = collections.Counter(), False
+    for line in text.splitlines():
+        if line.startswith("ENTRY "):
+            inside = True
+        elif inside and line.startswith("}"):
+            break
+        elif inside and (match := _INSTRUCTION.match(line)):
+            counts[match.group(1)] += 1
+    return dict(sorted((k, n) for k, n in counts.items() if k not in _PLUMBING))
+
+
+def analyse(name: str, lowered, hlo_dir: Path | None) -> dict:
+    """XLA's cost analysis of the compiled step (None where the backend gives none) and its
+    entry opcodes; the optimized HLO written to `hlo_dir` when given."""
+    compiled = lowered.compile()
+    analysis = compiled.cost_analysis()
     analysis = analysis[0] if isinstance(analysis, list) else analysis or {}
-    return {"flops": analysis.get("flops"), "bytes_accessed": analysis.get("bytes accessed")}
+    text = compiled.as_text()
+    if hlo_dir is not None:
+        hlo_dir.mkdir(parents=True, exist_ok=True)
+        (hlo_dir / f"{name.replace(' ', '-')}.hlo.txt").write_text(text)
+    flops, moved = analysis.get("flops"), analysis.get("bytes accessed")
+    return {"flops": flops, "bytes_accessed": moved, "entry_opcodes": entry_opcodes(text)}
 
 
 def measure(steps: dict, n: int, rounds: int) -> dict:
@@ -131,6 +161,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=50, help="steps per timed round")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--results", default=None, help="JSON Lines file to append the table to")
+    p.add_argument("--hlo", type=Path, default=None, help="folder for each optimized program")
     return p
 
 
@@ -145,11 +176,12 @@ def main(argv=None) -> int:
 
     steps = build(args)
     ms = measure(steps, args.steps, args.rounds)
-    rows = {k: {"ms_per_step": ms[k], **cost(steps[k][1])} for k in VARIANTS}
+    rows = {k: {"ms_per_step": ms[k], **analyse(k, steps[k][1], args.hlo)} for k in VARIANTS}
     device = jax.devices()[0]
     for k, row in rows.items():
         flops, moved = row["flops"], row["bytes_accessed"]
         print(f"{k:>18}: {row['ms_per_step']:.3f} ms/step, {flops} FLOPs, {moved} bytes accessed")
+        print(f"{'':>18}  entry: {row['entry_opcodes']}")
     print(f"on {device.device_kind} ({device.platform}), batch {args.batch}")
     if args.results:
         versions, hardware = results.environment(devices.versions())

@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -109,6 +110,48 @@ def test_a_main_thread_stuck_in_native_code_is_ended_by_the_watchdog(tmp_path):
     )
     assert done.returncode == 128 + signal.SIGTERM, done.stderr
     assert done.stderr.strip() == "interrupted; no record written"
+
+
+@pytest.mark.parametrize("stuck", [False, True], ids=["stop-taken", "stuck"])
+def test_a_goodbye_is_said_however_the_process_ends(stuck):
+    """signals.on_leaving: the normal exit after a stop taken up says it, and the watchdog says
+    it before it ends a process whose main thread is stuck."""
+    code = (
+        "import os, signal, time\n"
+        "from common import signals\n"
+        "signals.on_leaving(lambda: print('goodbye', flush=True))\n"
+        "try:\n"
+        "    with signals.as_interrupt(grace=0.5):\n"
+        f"        if {stuck}:\n"
+        "            signal.signal(signal.SIGTERM, lambda *a: None)  # its handler never runs\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        time.sleep(10)\n"
+        "except KeyboardInterrupt:\n"
+        "    raise SystemExit(143)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, cwd=ROOT
+    )
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr
+    assert done.stdout.split() == ["goodbye"]
+
+
+def test_a_goodbye_asked_for_twice_is_said_once(monkeypatch):
+    """A main thread back from native code while the watchdog says goodbye (a second goodbye
+    would cancel the first) waits for it to be said, and says it no more."""
+    monkeypatch.setattr(cli.signals, "_LEAVE", [])
+    monkeypatch.setattr(cli.signals.atexit, "register", lambda leave: None)
+    said = []
+    cli.signals.on_leaving(lambda: (said.append("goodbye"), time.sleep(0.5)))
+    (leave,) = cli.signals._LEAVE
+    watchdog = threading.Thread(target=leave)
+    watchdog.start()
+    time.sleep(0.1)
+    start = time.monotonic()
+    leave()
+    waited = time.monotonic() - start
+    watchdog.join()
+    assert said == ["goodbye"] and waited > 0.3
 
 
 def test_worker_argv_reproduces_the_command_line_with_absolute_paths(tmp_path, monkeypatch):

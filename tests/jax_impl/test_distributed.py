@@ -14,7 +14,7 @@ from pathlib import Path
 import jax
 import pytest
 
-from common import config, devices
+from common import config, devices, signals
 from jax_impl import launch
 from tests.fixtures import interrupt, sockets, stopping
 
@@ -104,25 +104,21 @@ def test_process_0_on_a_taken_port_is_one_line(tmp_path):
     )
 
 
-@pytest.mark.slow
-@pytest.mark.multi_device
-def test_two_processes_listen_on_loopback_and_stop_on_sigterm(tmp_path):
-    """Two processes of one machine (JAX_COORDINATOR_ADDRESS=127.0.0.1:PORT): while they train,
-    every socket they listen on (the coordinator's, the collectives') is a loopback one; a
-    SIGTERM to each ends it as Ctrl-C does, and nothing is recorded."""
-    results = tmp_path / "r.jsonl"
+def _two_processes(results):
+    """Processes 0 and 1 of a two-process resnet18 run on this machine, process 0 at epoch 1."""
     command = ["jax_impl", "--workload", "resnet18", "--gpus", "1"]
     address = f"127.0.0.1:{free_port()}"
     procs = [
         stopping.start(command, results, env={**process_0(address), "JAX_PROCESS_ID": str(r)})
         for r in (0, 1)
     ]
+    interrupt.wait_for_line(procs[0], "epoch 1/")
+    return procs
+
+
+def _stopped_as_by_ctrl_c(procs, results):
+    """Each process ends as a Ctrl-C ends it (not in jax's abort), and nothing is recorded."""
     try:
-        interrupt.wait_for_line(procs[0], "epoch 1/")
-        addresses = sockets.listening([p.pid for p in procs])
-        assert addresses and not sockets.not_loopback(addresses), addresses
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
         for p in procs:
             _, err = p.communicate(timeout=90)
             assert p.returncode == 128 + signal.SIGTERM, err
@@ -132,3 +128,36 @@ def test_two_processes_listen_on_loopback_and_stop_on_sigterm(tmp_path):
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
     assert not results.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.multi_device
+def test_two_processes_listen_on_loopback_and_stop_on_sigterm(tmp_path):
+    """Two processes of one machine (JAX_COORDINATOR_ADDRESS=127.0.0.1:PORT): while they train,
+    every socket they listen on (the coordinator's, the collectives') is a loopback one; a
+    SIGTERM to each ends it as Ctrl-C does, and nothing is recorded."""
+    procs = _two_processes(tmp_path / "r.jsonl")
+    try:
+        addresses = sockets.listening([p.pid for p in procs])
+        assert addresses and not sockets.not_loopback(addresses), addresses
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+    _stopped_as_by_ctrl_c(procs, tmp_path / "r.jsonl")
+
+
+@pytest.mark.slow
+@pytest.mark.multi_device
+def test_a_process_stopped_inside_a_collective_leaves_the_group_cleanly(tmp_path):
+    """Process 1 takes its SIGTERM while its main thread waits in a step's collective for
+    process 0 (paused): its watchdog ends it, leaving jax's group through the shutdown barrier
+    (jax_impl/launch.join), so process 0, stopped a moment later, passes the barrier too
+    instead of waiting there for a peer gone without a word and aborting."""
+    procs = _two_processes(tmp_path / "r.jsonl")
+    procs[0].send_signal(signal.SIGSTOP)
+    time.sleep(2)  # process 1 is in the next step's collective, waiting for process 0
+    procs[1].send_signal(signal.SIGTERM)
+    time.sleep(signals.GRACE + 2)  # its watchdog has taken the signal
+    procs[0].send_signal(signal.SIGTERM)
+    procs[0].send_signal(signal.SIGCONT)
+    _stopped_as_by_ctrl_c(procs, tmp_path / "r.jsonl")

@@ -57,6 +57,20 @@ def test_lenet_on_the_gpu_matches_the_float64_reference():
     ref.check_first_loss(fixture, losses[0], "jax gpu lenet float32")
 
 
+@pytest.fixture(scope="module")
+def smoke(request, tmp_path_factory):
+    """Every smoke run this module's selected tests check, started at once on the GPU."""
+    try:
+        jax.devices("gpu")
+    except RuntimeError:
+        pytest.skip("JAX sees no GPU (CPU-only jaxlib)")
+    runs = gpu_checks.SmokeRuns("jax", tmp_path_factory.mktemp("smoke"))
+    for p in gpu_checks.selected_params(request):
+        runs.start(p["workload"], p["strategy"], p["amp"])
+    yield runs
+    runs.close()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("workload", "strategy", "amp"),
@@ -68,6 +82,7 @@ def test_lenet_on_the_gpu_matches_the_float64_reference():
         ("resnet50", "single", "off"),
     ],
 )
-def test_smoke_runs_on_one_gpu_record_the_gpu(tmp_path, workload, strategy, amp):
-    rec = gpu_checks.gpu_smoke_run("jax", tmp_path / "r.jsonl", workload, strategy, amp)
+def test_smoke_runs_on_one_gpu_record_the_gpu(smoke, workload, strategy, amp):
+    rec, output = smoke.finish(workload, strategy, amp)
+    gpu_checks.check_gpu_record(rec, output, workload, amp)
     assert rec["device_names"][0].startswith("gpu:")

@@ -75,6 +75,18 @@ def test_resnet50_forward_on_the_gpu_matches_the_float64_fixture():
     )  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def smoke(request, tmp_path_factory):
+    """Every smoke run this module's selected tests check, started at once on the GPU."""
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA GPU")
+    runs = gpu_checks.SmokeRuns("torch", tmp_path_factory.mktemp("smoke"))
+    for p in gpu_checks.selected_params(request):
+        runs.start(p["workload"], p["strategy"], p["amp"], p.get("flags", ()))
+    yield runs
+    runs.close()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("workload", "strategy", "amp"),
@@ -86,8 +98,9 @@ def test_resnet50_forward_on_the_gpu_matches_the_float64_fixture():
         ("resnet50", "single", "off"),
     ],
 )
-def test_smoke_runs_on_one_gpu_record_the_gpu(tmp_path, workload, strategy, amp):
-    rec = gpu_checks.gpu_smoke_run("torch", tmp_path / "r.jsonl", workload, strategy, amp)
+def test_smoke_runs_on_one_gpu_record_the_gpu(smoke, workload, strategy, amp):
+    rec, output = smoke.finish(workload, strategy, amp)
+    gpu_checks.check_gpu_record(rec, output, workload, amp)
     assert rec["versions"]["cuda"] != "none"
 
 
@@ -102,12 +115,12 @@ def test_smoke_runs_on_one_gpu_record_the_gpu(tmp_path, workload, strategy, amp)
         ("resnet50", "single", "off", ("--compile",)),
     ],
 )
-def test_compiled_runs_on_one_gpu_use_cuda_graphs(tmp_path, workload, strategy, amp, flags):
+def test_compiled_runs_on_one_gpu_use_cuda_graphs(smoke, workload, strategy, amp, flags):
     """--compile on one GPU captures CUDA graphs (torch_impl.devices.compile_mode); a graph
     replay that read memory a later step overwrote fails the run. --ceiling's own compiled
     model takes turns with the training's, each with graphs of its own."""
-    path = tmp_path / "r.jsonl"
-    rec = gpu_checks.gpu_smoke_run("torch", path, workload, strategy, amp, 600, flags)
+    rec, output = smoke.finish(workload, strategy, amp, flags)
+    gpu_checks.check_gpu_record(rec, output, workload, amp)
     assert rec["extra"]["compiled"] is True
     assert rec["extra"]["compile_mode"] == "reduce-overhead"
     assert rec["extra"]["cudagraph_skips"] == 0  # every graph compiled was captured
