@@ -1,6 +1,6 @@
 """JAX's ResNet-18 step three ways, on one device: the project's (jax_impl/resnet18.py: `sharding`'s
-jitted step, the state donated, the batch gathered on the device, BatchNorm's two-pass variance),
-the same with flax's default one-pass variance (E[x^2] - E[x]^2), and the book's program (d2l
+jitted step, the state donated, the batch gathered on the device, flax's one-pass variance in
+BatchNorm, E[x^2] - E[x]^2), the same with torch's two-pass variance, and the book's program (d2l
 13.6's JAX code: `jax.pmap`, each batch copied from the host, flax's default BatchNorm, optax's
 SGD). `python -m tools.jax_step [--batch 256] [--steps 50] [--rounds 3]`, with JAX's
 environment; on a CPU `--width 8 --batch 16 --steps 2 --rounds 1` checks that it runs.
@@ -11,6 +11,7 @@ custom call a kernel on a GPU: the HLO's difference in a few numbers; `--hlo DIR
 program whole, to diff) and the milliseconds per step, the variants taking turns over `--rounds`
 rounds (a median each). A probe of where the project's step differs from the book's, not a
 benchmark of the loop; with `--results` it appends one JSON line (hardware, versions, commit).
+Then what the one-pass variance costs in float32 digits at each BatchNorm input.
 """
 
 from __future__ import annotations
@@ -27,16 +28,16 @@ import numpy as np
 
 from common import results
 
-VARIANTS = ("project", "one-pass variance", "d2l program")
+VARIANTS = ("project", "two-pass variance", "d2l program")
 
 
-def _one_pass(train, use_bn, axis_name, dtype, name):
-    """jax_impl.resnet18.batch_norm with flax's default variance (one pass), torch's momentum
-    and epsilon kept: what the variance alone changes."""
+def _two_pass(train, use_bn, axis_name, dtype, name):
+    """jax_impl.resnet18.batch_norm with torch's two-pass variance, E[(x - E[x])^2]: what the
+    variance alone changes."""
     from flax import linen as nn
 
     kw = {"momentum": 0.9, "epsilon": 1e-5, "axis_name": axis_name, "dtype": dtype}
-    return nn.BatchNorm(use_running_average=not train, name=name, **kw)
+    return nn.BatchNorm(use_running_average=not train, name=name, use_fast_variance=False, **kw)
 
 
 def _project_step(net, batch: int, x_all, y_all):
@@ -78,29 +79,33 @@ def _book_step(net, batch: int, x_host, y_host):
     return (lambda s: step(s, x, y)[0]), step.lower(state, x, y), state
 
 
+def probe_batch(n: int):
+    """The probe's batch: `n` images of [0, 1) pixels, as Fashion-MNIST's, and their labels."""
+    rng = np.random.default_rng(0)
+    return rng.random((n, 28, 28, 1), dtype=np.float32), rng.integers(0, 10, n).astype(np.int32)
+
+
 def build(args) -> dict:
-    """{variant: (step, lowered or None, state)} on one random batch, each step called first
-    (it compiles; the one-pass variants while their BatchNorm is in place, since flax looks
+    """{variant: (step, lowered, state)} on the probe's batch, each step called first (it
+    compiles; the two-pass variant while its BatchNorm is in place, since flax looks
     `batch_norm` up when it traces)."""
     import jax
 
     from jax_impl import resnet18
 
-    rng = np.random.default_rng(0)
-    x_host = rng.random((args.batch, 28, 28, 1), dtype=np.float32)
-    y_host = rng.integers(0, 10, args.batch).astype(np.int32)
+    x_host, y_host = probe_batch(args.batch)
     x_all, y_all = jax.device_put((x_host, y_host))
-    plain = resnet18.resnet18(width=args.width)
-    steps = {"project": _project_step(plain, args.batch, x_all, y_all)}
-    two_pass, resnet18.batch_norm = resnet18.batch_norm, _one_pass
+    net = resnet18.resnet18(width=args.width)
+    steps = {"project": _project_step(net, args.batch, x_all, y_all)}
+    steps["d2l program"] = _book_step(net, args.batch, x_host, y_host)
+    one_pass, resnet18.batch_norm = resnet18.batch_norm, _two_pass
     try:
-        fast = resnet18.resnet18(width=args.width)
-        steps["one-pass variance"] = _project_step(fast, args.batch, x_all, y_all)
-        steps["d2l program"] = _book_step(fast, args.batch, x_host, y_host)
+        two_pass = resnet18.resnet18(width=args.width)
+        steps["two-pass variance"] = _project_step(two_pass, args.batch, x_all, y_all)
         # Twice: pmap compiles again once its state comes back as device arrays.
         return {k: (f, low, jax.block_until_ready(f(f(s)))) for k, (f, low, s) in steps.items()}
     finally:
-        resnet18.batch_norm = two_pass
+        resnet18.batch_norm = one_pass
 
 
 # An instruction of HLO text: `%name = shape opcode(operands), ...`, ROOT marking the last.
@@ -135,6 +140,49 @@ def analyse(name: str, lowered, hlo_dir: Path | None) -> dict:
         (hlo_dir / f"{name.replace(' ', '-')}.hlo.txt").write_text(text)
     flops, moved = analysis.get("flops"), analysis.get("bytes accessed")
     return {"flops": flops, "bytes_accessed": moved, "entry_opcodes": entry_opcodes(text)}
+
+
+def _relative_error(got, want) -> float:
+    return float(np.max(np.abs(np.asarray(got, np.float64) - want) / want))
+
+
+def variance_errors(x_host, width: int) -> dict:
+    """BatchNorm's batch variance on the probe's batch ([0, 1) pixels, as Fashion-MNIST's), at
+    every BatchNorm input of the project's model in train mode: per layer, the condition
+    number of the one-pass form (max over channels of (mean^2 + var) / var) and the largest
+    relative error of float32's one-pass and two-pass variances against float64's on the same
+    float32 inputs."""
+    import jax
+    import jax.numpy as jnp
+    from flax import linen as nn
+
+    from jax_impl import resnet18
+
+    net = resnet18.resnet18(width=width)
+    variables = resnet18.init_weights(net, 0.01, 0)
+
+    def is_conv(module, _):
+        return isinstance(module, nn.Conv)
+
+    mutable = ["batch_stats", "intermediates"]
+    _, state = net.apply(variables, x_host, True, mutable=mutable, capture_intermediates=is_conv)
+    rows, axes = {}, (0, 1, 2)
+    for path, out in jax.tree_util.tree_flatten_with_path(state["intermediates"])[0]:
+        name = ".".join(str(getattr(k, "key", k)) for k in path[:-2])
+        if "shortcut" in name:  # the 1x1 shortcut feeds no BatchNorm
+            continue
+        x64 = np.asarray(out, np.float64)
+        mean, var = x64.mean(axis=axes), x64.var(axis=axes)
+        mean32 = jnp.mean(out, axis=axes)
+        one = jnp.mean(out * out, axis=axes) - mean32**2
+        two = jnp.mean(jnp.square(out - mean32), axis=axes)
+        kappa = float(np.max((mean**2 + var) / var))
+        rows[name] = {
+            "kappa": kappa,
+            "one_pass": _relative_error(one, var),
+            "two_pass": _relative_error(two, var),
+        }
+    return rows
 
 
 def measure(steps: dict, n: int, rounds: int) -> dict:
@@ -183,10 +231,18 @@ def main(argv=None) -> int:
         print(f"{k:>18}: {row['ms_per_step']:.3f} ms/step, {flops} FLOPs, {moved} bytes accessed")
         print(f"{'':>18}  entry: {row['entry_opcodes']}")
     print(f"on {device.device_kind} ({device.platform}), batch {args.batch}")
+    variance = variance_errors(probe_batch(args.batch)[0], args.width)
+    worst = {k: max(row[k] for row in variance.values()) for k in ("kappa", "one_pass", "two_pass")}
+    print(
+        f"BatchNorm variance at {len(variance)} inputs: condition up to {worst['kappa']:.3g}, "
+        f"float32 relative error up to {worst['one_pass']:.2e} one-pass, "
+        f"{worst['two_pass']:.2e} two-pass"
+    )
     if args.results:
         versions, hardware = results.environment(devices.versions())
         line = {"probe": "tools.jax_step", "batch": args.batch, "width": args.width}
         line |= {"steps": args.steps, "rounds": args.rounds, "variants": rows}
+        line |= {"batch_norm_variance": variance}
         line |= {"device": device.device_kind, "versions": versions, "hardware": hardware}
         line |= {"git_commit": results.git_commit(), "timestamp": results.utc_now()}
         results.append_line(line, args.results)
