@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 
 STOPS = (signal.SIGTERM, signal.SIGHUP)  # handled as SIGINT is
 GRACE = 5.0  # seconds a stop waits for the main thread before the watchdog ends the process
-LEAVE_BOUND = 30.0  # seconds the watchdog gives the leave-taking of `before_forced_exit`
+LEAVE_BOUND = 30.0  # seconds the watchdog gives a goodbye of `on_leaving`
 _LEAVE: list[Callable[[], None]] = []
 
 
