@@ -79,8 +79,14 @@ def cpu_flags() -> set[str]:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return set()
-    return next((set(line.split(":", 1)[1].split()) for line in text.splitlines()
-                 if line.startswith("flags")), set())  # fmt: skip
+    return next(
+        (
+            set(line.split(":", 1)[1].split())
+            for line in text.splitlines()
+            if line.startswith("flags")
+        ),
+        set(),
+    )
 
 
 # The vector ISA levels the frameworks' CPU kernels are chosen by, widest first: (name, flags).

@@ -46,38 +46,49 @@ MX_BF16 = (
     "MXNet's bf16 kernels are oneDNN's, for CPUs only: they fail on AVX2, and emulated on AVX-512 "
     "without AVX512_BF16 they were measured 2.6x slower than float32 (docs/design.md, Traps)"
 )
-# fmt: off
 RUNS: tuple[Run, ...] = (
-    #   workload    gpus  frameworks   strategy        flags        needs
-    Run("lenet",    1,    ALL,         None),
-    Run("lenet",    2,    ALL,         None),
-    Run("lenet",    1,    ("torch",),  None,           COMPILED),
-    Run("resnet18", 1,    ("torch",),  "ddp"),
-    Run("resnet18", 2,    ("torch",),  "ddp"),
-    Run("resnet18", 1,    ("torch",),  "ddp",          BF16,        "bf16",   BF16_WHY),
-    Run("resnet18", 1,    ("torch",),  "ddp",          COMPILED),
-    Run("resnet18", 1,    ("torch",),  "ddp",          COMPILED + BF16, "bf16", BF16_WHY),
-    Run("resnet18", 1,    ("torch",),  "dataparallel", (),          "cuda",   DP_CUDA),
-    Run("resnet18", 2,    ("torch",),  "dataparallel", (),          "cuda",   DP_CUDA),
-    Run("resnet18", 1,    ("torch",),  "dataparallel", COMPILED,    "cuda",   DP_CUDA),
-    Run("resnet18", 1,    ("jax",),    "sharding"),
-    Run("resnet18", 2,    ("jax",),    "sharding"),
-    Run("resnet18", 1,    ("jax",),    "sharding",     BF16,        "bf16",   BF16_WHY),
-    Run("resnet18", 1,    ("jax",),    "pmap"),
-    Run("resnet18", 2,    ("jax",),    "pmap"),
-    Run("resnet18", 1,    ("mxnet",),  "gluon"),
-    Run("resnet18", 2,    ("mxnet",),  "gluon"),
-    Run("resnet18", 1,    ("mxnet",),  "gluon",        BF16,        "cpu-bf16", MX_BF16),
-    Run("resnet50", 2,    ALL,         None),          # single, model_parallel, pipeline
-    Run("resnet50", 2,    ALL,         None,           ("--sweep",)),  # split_size sweep
-    Run("resnet50", 2,    ("torch",),  "gpipe"),
-    Run("resnet50", 2,    ("torch",),  "1f1b"),
-    Run("resnet50", 1,    ALL,         None,           (),          "1gpu",
-        "the 2-device runs cannot run: at least the single-device time"),
-    Run("resnet50", 1,    ALL,         None,           ("--sweep",), "1gpu",
-        "the 2-device sweep cannot run: the split sizes with both stages on the one GPU"),
+    Run("lenet", 1, ALL, None),
+    Run("lenet", 2, ALL, None),
+    Run("lenet", 1, ("torch",), None, COMPILED),
+    Run("resnet18", 1, ("torch",), "ddp"),
+    Run("resnet18", 2, ("torch",), "ddp"),
+    Run("resnet18", 1, ("torch",), "ddp", BF16, "bf16", BF16_WHY),
+    Run("resnet18", 1, ("torch",), "ddp", COMPILED),
+    Run("resnet18", 1, ("torch",), "ddp", COMPILED + BF16, "bf16", BF16_WHY),
+    Run("resnet18", 1, ("torch",), "dataparallel", (), "cuda", DP_CUDA),
+    Run("resnet18", 2, ("torch",), "dataparallel", (), "cuda", DP_CUDA),
+    Run("resnet18", 1, ("torch",), "dataparallel", COMPILED, "cuda", DP_CUDA),
+    Run("resnet18", 1, ("jax",), "sharding"),
+    Run("resnet18", 2, ("jax",), "sharding"),
+    Run("resnet18", 1, ("jax",), "sharding", BF16, "bf16", BF16_WHY),
+    Run("resnet18", 1, ("jax",), "pmap"),
+    Run("resnet18", 2, ("jax",), "pmap"),
+    Run("resnet18", 1, ("mxnet",), "gluon"),
+    Run("resnet18", 2, ("mxnet",), "gluon"),
+    Run("resnet18", 1, ("mxnet",), "gluon", BF16, "cpu-bf16", MX_BF16),
+    Run("resnet50", 2, ALL, None),  # single, model_parallel, pipeline
+    Run("resnet50", 2, ALL, None, ("--sweep",)),  # split_size sweep
+    Run("resnet50", 2, ("torch",), "gpipe"),
+    Run("resnet50", 2, ("torch",), "1f1b"),
+    Run(
+        "resnet50",
+        1,
+        ALL,
+        None,
+        (),
+        "1gpu",
+        "the 2-device runs cannot run: at least the single-device time",
+    ),
+    Run(
+        "resnet50",
+        1,
+        ALL,
+        None,
+        ("--sweep",),
+        "1gpu",
+        "the 2-device sweep cannot run: the split sizes with both stages on the one GPU",
+    ),
 )
-# fmt: on
 
 
 class PlanError(ValueError):

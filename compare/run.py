@@ -67,9 +67,15 @@ def without(plan: Plan, unset: dict[str, str]) -> Plan:
 
 
 def execute(
-    plan: Plan, results: str, venv: Path, echo=print, runner=stream, timeout=None, python=None,
+    plan: Plan,
+    results: str,
+    venv: Path,
+    echo=print,
+    runner=stream,
+    timeout=None,
+    python=None,
     clock=time.perf_counter,
-):  # fmt: skip
+):
     """Run every step; a failure is recorded and the next step runs. Each step opens with the
     plan's progress and an estimate of the time left (compare/progress.py)."""
     outcomes = []
@@ -81,9 +87,10 @@ def execute(
         if not exe.exists():
             setup = f"make setup FRAMEWORK={step.framework}"
             reason = (
-                f"no interpreter {python}" if python
+                f"no interpreter {python}"
+                if python
                 else f"no environment {exe.parent.parent} (run: {setup})"
-            )  # fmt: skip
+            )
             echo(f"{head} {step.describe()}: SKIPPED, {reason}")
             echo(f"    {progress.line()}")
             outcomes.append(Outcome(step, None, 0.0, [], reason))
@@ -98,8 +105,10 @@ def execute(
         seconds = clock() - start
         reason = note or explain(code)
         ok = code == 0 and not note
-        echo(f"{head} {'ok' if ok else 'FAILED (' + reason + ')'} "
-             f"in {seconds:.1f} s: {step.describe()}")  # fmt: skip
+        echo(
+            f"{head} {'ok' if ok else 'FAILED (' + reason + ')'} "
+            f"in {seconds:.1f} s: {step.describe()}"
+        )
         outcomes.append(Outcome(step, code if not note else -1, seconds, tail, reason))
         progress.finish(seconds, ok)
     echo(progress.line())
@@ -153,8 +162,10 @@ def show_plan(plan: Plan, results: str, out: str, echo=print, python=None) -> No
         echo(f"  skip: {step.describe()}: {reason}")
     echo(f"  then: python -m compare.report --results {results} --out {out}")
     left = Progress.of(plan.steps, plan.preset).left()
-    echo(f"  time: {about(left)} for all {len(plan.steps)} step(s), estimated from the preset's "
-         "priors (compare/progress.py); each step prints the estimate again")  # fmt: skip
+    echo(
+        f"  time: {about(left)} for all {len(plan.steps)} step(s), estimated from the preset's "
+        "priors (compare/progress.py); each step prints the estimate again"
+    )
 
 
 def parser() -> argparse.ArgumentParser:
@@ -170,27 +181,36 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--platform", default="auto", help="auto | gpu | cpu")
     p.add_argument("--dry-run", action="store_true", help="print the plan and stop")
     p.add_argument(
-        "--steps", nargs="+", default=None, metavar="N[-M]",
+        "--steps",
+        nargs="+",
+        default=None,
+        metavar="N[-M]",
         help="run only these steps of the plan, numbered as --dry-run prints them (e.g. 1-4 7): "
         "a long plan in parts, or one failed step again",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--assume-gpus", type=int, default=None, metavar="N",
+        "--assume-gpus",
+        type=int,
+        default=None,
+        metavar="N",
         help="with --dry-run: the plan of a machine with N GPUs (to split a GPU session's plan "
         "into --steps from another machine)",
-    )  # fmt: skip
+    )
     p.add_argument("--html", action="store_true", help="also write report.html")
     p.add_argument(
-        "--timeout", type=float, default=None,
+        "--timeout",
+        type=float,
+        default=None,
         help="seconds per run (default: none); a run past it is stopped as by a Ctrl-C, its "
         "workers with it (killed, if it has not ended a minute later), and the next one starts",
-    )  # fmt: skip
+    )
     p.add_argument("--venv", default=str(ROOT / ".venv"), help="where the framework venvs are")
     p.add_argument(
-        "--python", default=None,
+        "--python",
+        default=None,
         help="one interpreter for every framework instead of the venvs (a machine whose Python "
         "has them all, such as a GPU image); choose its --frameworks",
-    )  # fmt: skip
+    )
     return p
 
 
@@ -200,10 +220,8 @@ def main(argv: list[str] | None = None, runner=stream, echo=print) -> int:
     try:
         if args.assume_gpus is not None and (not args.dry_run or args.assume_gpus < 0):
             raise PlanError("--assume-gpus N (N >= 0) only plans: add --dry-run")
-        plan = make_plan(
-            args.frameworks, args.workloads, args.platform, gpus, args.preset,
-            devices.cpu_has_bf16(),
-        )  # fmt: skip
+        wanted = (args.frameworks, args.workloads, args.platform, gpus, args.preset)
+        plan = make_plan(*wanted, devices.cpu_has_bf16())
         unset = {} if args.python else not_set_up(args.frameworks, Path(args.venv))
         plan = without(plan, unset)
         chosen = select(plan, args.steps)

@@ -21,9 +21,16 @@ def stream(cmd: list[str], echo, timeout: float | None = None) -> tuple[int, lis
     # A session of its own: a terminal's Ctrl-C reaches this process only, which then stops the
     # run once (processes.stop), as on a timeout, and waits for it to stop its workers.
     proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        errors="replace", bufsize=1, start_new_session=True,
-    )  # fmt: skip
+        cmd,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+        bufsize=1,
+        start_new_session=True,
+    )
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     lock = threading.Lock()
 

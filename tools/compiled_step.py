@@ -150,8 +150,15 @@ def table(times) -> list[dict]:
     for name, pairs in times.items():
         ms = statistics.median(t for t, _ in pairs)
         host = statistics.median(h for _, h in pairs)
-        rows.append({"variant": name, "ms_per_step": ms, "host_ms_per_step": host,
-                     "x_ceiling_step": ms / base, "rounds": len(pairs)})  # fmt: skip
+        rows.append(
+            {
+                "variant": name,
+                "ms_per_step": ms,
+                "host_ms_per_step": host,
+                "x_ceiling_step": ms / base,
+                "rounds": len(pairs),
+            }
+        )
     return rows
 
 
@@ -192,11 +199,19 @@ def main(argv=None):
         print(f"{r['variant']:<26} {ms:8.3f} ms/step  host {host:8.3f}  {ratio:.3f}x")
     if args.results:
         versions, hardware = results.environment(tdev.versions())
-        line = {"probe": "tools.compiled_step", "amp": args.amp, "batch": args.batch,
-                "steps": args.steps, "compiled": not args.eager, "rows": rows,
-                "device": tdev.device_names([device])[0], "versions": versions,
-                "hardware": hardware, "git_commit": results.git_commit(),
-                "timestamp": results.utc_now()}  # fmt: skip
+        line = {
+            "probe": "tools.compiled_step",
+            "amp": args.amp,
+            "batch": args.batch,
+            "steps": args.steps,
+            "compiled": not args.eager,
+            "rows": rows,
+            "device": tdev.device_names([device])[0],
+            "versions": versions,
+            "hardware": hardware,
+            "git_commit": results.git_commit(),
+            "timestamp": results.utc_now(),
+        }
         results.append_line(line, args.results)
     return 0
 

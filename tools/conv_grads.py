@@ -256,8 +256,10 @@ def parse_args(argv):
     if min(args.batch, args.repeats, args.calls) < 1:
         p.error("--batch, --repeats and --calls must be at least 1")
     if args.compile and args.framework != "torch":
-        p.error("--compile: torch only, as in training (JAX always compiles, MXNet's resnet18 "
-                "is hybridized)")  # fmt: skip
+        p.error(
+            "--compile: torch only, as in training (JAX always compiles, MXNet's resnet18 "
+            "is hybridized)"
+        )
     if args.kernels and args.framework not in VERBOSE:
         p.error(f"--kernels reads oneDNN's log: {' and '.join(VERBOSE)} only (XLA:CPU has none)")
     try:

@@ -145,8 +145,12 @@ def test_short_commit_shortens_a_full_sha_only():
 
 def test_appending_to_a_committed_results_file_is_not_dirty(tmp_path, monkeypatch):
     def git(*args):
-        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path,
-                       check=True, capture_output=True)  # fmt: skip
+        subprocess.run(
+            ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+            cwd=tmp_path,
+            check=True,
+            capture_output=True,
+        )
 
     (tmp_path / "common").mkdir()
     (tmp_path / "results").mkdir()

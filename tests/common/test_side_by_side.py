@@ -191,6 +191,20 @@ def test_workload_files_are_short_without_formatting_tricks(framework, workload)
     assert len(text.splitlines()) <= MAX_WORKLOAD_LINES, f"{framework}/{workload}"
 
 
+def test_no_python_file_of_the_project_turns_the_formatter_off():
+    """ruff formats the whole repository as it is: no formatter directive (`fmt: skip`,
+    `fmt: off`) anywhere, the tests included (a table the formatter lengthens stays so)."""
+    folders = [*CHECKED, ROOT / "tests"]
+    found = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for folder in folders
+        for path in sorted(folder.rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"#\s*fmt:\s*(skip|off)", line)
+    ]
+    assert not found, found
+
+
 def python_files():
     return sorted(p for d in CHECKED for p in d.glob("*.py"))
 

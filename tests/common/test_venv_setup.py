@@ -44,8 +44,12 @@ def said(out: subprocess.CompletedProcess) -> str:
 def test_venv_sh_refuses_a_python_given_that_does_not_run(tmp_path, shim):
     lock = tmp_path / "empty.txt"
     lock.write_text("")
-    out = run(["tools/venv.sh", "base", str(lock), "3.11", "3.12", "3.13"], tmp_path,
-              PYTHON=str(shim), UV=str(tmp_path / "no-uv"))  # fmt: skip
+    out = run(
+        ["tools/venv.sh", "base", str(lock), "3.11", "3.12", "3.13"],
+        tmp_path,
+        PYTHON=str(shim),
+        UV=str(tmp_path / "no-uv"),
+    )
     assert out.returncode == 1
     assert said(out) == (
         f"error: PYTHON={shim}: it does not run (pyenv: python3.13: command not found); name a "

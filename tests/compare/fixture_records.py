@@ -95,21 +95,40 @@ def record(framework, workload, strategy, devices, timestamp, **kw) -> Record:
 
 def lenet(framework, devices, median, std, acc, images, day=20, **kw) -> Record:
     return record(
-        framework, "lenet", "scratch", devices, f"2026-11-{day}T10:0{devices}:00+00:00",
-        epochs=3, sec_per_epoch=stats(median, std, 3), test_acc=acc,
+        framework,
+        "lenet",
+        "scratch",
+        devices,
+        f"2026-11-{day}T10:0{devices}:00+00:00",
+        epochs=3,
+        sec_per_epoch=stats(median, std, 3),
+        test_acc=acc,
         test_acc_per_epoch=[round(acc - 0.1, 3), round(acc - 0.03, 3), acc],
-        train_loss=[1.2, 0.6, 0.5], images_per_sec=images, **kw,
-    )  # fmt: skip
+        train_loss=[1.2, 0.6, 0.5],
+        images_per_sec=images,
+        **kw,
+    )
 
 
 def resnet18(framework, strategy, devices, median, acc, extrapolated, **kw) -> Record:
     return record(
-        framework, "resnet18", strategy, devices, f"2026-11-20T11:0{devices}:00+00:00",
-        epochs=1, batch_size=64 * devices, lr=0.05 * devices,
-        sec_per_epoch=stats(median, 0.0, 1), test_acc=acc, test_acc_per_epoch=[acc],
-        train_loss=[1.5], images_per_sec=60000 / median, extrapolated=extrapolated,
-        steps_timed=20 if extrapolated else None, **kw,
-    )  # fmt: skip
+        framework,
+        "resnet18",
+        strategy,
+        devices,
+        f"2026-11-20T11:0{devices}:00+00:00",
+        epochs=1,
+        batch_size=64 * devices,
+        lr=0.05 * devices,
+        sec_per_epoch=stats(median, 0.0, 1),
+        test_acc=acc,
+        test_acc_per_epoch=[acc],
+        train_loss=[1.5],
+        images_per_sec=60000 / median,
+        extrapolated=extrapolated,
+        steps_timed=20 if extrapolated else None,
+        **kw,
+    )
 
 
 def compiled_resnet18(median, device_name, **kw) -> Record:
@@ -143,9 +162,19 @@ def gpu_sweep_seconds(split: int) -> float:
 
 
 def resnet50(
-    framework, strategy, seconds, minute, split=None, sweep=False, stages=None,
-    devices=2, day=20, batch_size=R50_BATCH, extra=None, **kw,
-) -> Record:  # fmt: skip
+    framework,
+    strategy,
+    seconds,
+    minute,
+    split=None,
+    sweep=False,
+    stages=None,
+    devices=2,
+    day=20,
+    batch_size=R50_BATCH,
+    extra=None,
+    **kw,
+) -> Record:
     more = {"num_stages": 2} if strategy != "single" else {}
     if stages:
         more["stage_seconds"] = stages
@@ -153,10 +182,19 @@ def resnet50(
         more["sweep"] = True
     more.update(extra or {})
     return record(
-        framework, "resnet50", strategy, devices, f"2026-11-{day}T12:{minute:02d}:00+00:00",
-        batch_size=batch_size, lr=0.001, seconds=stats(seconds, round(seconds / 50, 6), 3),
-        images_per_sec=batch_size * 2 / seconds, split_size=split, extra=more, **kw,
-    )  # fmt: skip
+        framework,
+        "resnet50",
+        strategy,
+        devices,
+        f"2026-11-{day}T12:{minute:02d}:00+00:00",
+        batch_size=batch_size,
+        lr=0.001,
+        seconds=stats(seconds, round(seconds / 50, 6), 3),
+        images_per_sec=batch_size * 2 / seconds,
+        split_size=split,
+        extra=more,
+        **kw,
+    )
 
 
 def gpu_records() -> list[Record]:
@@ -175,10 +213,18 @@ def gpu_records() -> list[Record]:
         resnet50("torch", "model_parallel", 0.19, 41, stages=GPU_STAGES, **shared),
     ]
     out += [
-        resnet50("torch", "pipeline", gpu_sweep_seconds(s), 42 + i, split=s, sweep=True,
-                 stages=GPU_STAGES, **shared)
+        resnet50(
+            "torch",
+            "pipeline",
+            gpu_sweep_seconds(s),
+            42 + i,
+            split=s,
+            sweep=True,
+            stages=GPU_STAGES,
+            **shared,
+        )
         for i, s in enumerate(GPU_SPLITS)
-    ]  # fmt: skip
+    ]
     return out
 
 

@@ -16,10 +16,18 @@ def ceiling(framework, workload, median, **kw):
     extra = {"amp": "off", "s_per_step": median / 235, "s_per_epoch": median}
     extra.update(steps_per_epoch=235, repeats=3, warmup_steps=2, **kw.pop("extra", {}))
     return fx.record(
-        framework, workload, "ceiling", 1, "2026-11-22T10:00:00+00:00",
-        sec_per_epoch=fx.stats(median, 0.0, 3), images_per_sec=256 * 235 / median,
-        extrapolated=True, steps_timed=20, extra=extra, **kw,
-    )  # fmt: skip
+        framework,
+        workload,
+        "ceiling",
+        1,
+        "2026-11-22T10:00:00+00:00",
+        sec_per_epoch=fx.stats(median, 0.0, 3),
+        images_per_sec=256 * 235 / median,
+        extrapolated=True,
+        steps_timed=20,
+        extra=extra,
+        **kw,
+    )
 
 
 def training():
@@ -140,9 +148,13 @@ def test_the_sec_per_epoch_plot_marks_each_one_device_bar_with_its_ceiling(tmp_p
 def in_run(median, x_ceiling):
     """A training record's extra.ceiling as common.ceiling.Paired writes it (3 epochs)."""
     return {
-        "sec_per_epoch": fx.stats(median, 0.0, 3), "s_per_step": median / 235,
-        "x_ceiling": x_ceiling, "steps_timed": 20, "repeats": 3, "warmup_steps": 2,
-    }  # fmt: skip
+        "sec_per_epoch": fx.stats(median, 0.0, 3),
+        "s_per_step": median / 235,
+        "x_ceiling": x_ceiling,
+        "steps_timed": 20,
+        "repeats": 3,
+        "warmup_steps": 2,
+    }
 
 
 def test_a_ceiling_measured_in_the_run_is_the_one_its_record_is_set_against(tmp_path):

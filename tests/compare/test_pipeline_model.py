@@ -93,8 +93,16 @@ def test_tutorial_h100_sweep_is_serial():
     calls, as reported in issue 13. Its stage times were not measured: the model_parallel time
     (0.19 s for 3 batches) split evenly stands in; the serial model needs only their sum."""
     measured = {
-        1: 5.23, 3: 2.13, 5: 1.23, 8: 0.88, 10: 0.70, 12: 0.60, 20: 0.45, 40: 0.29, 60: 0.24,
-    }  # fmt: skip
+        1: 5.23,
+        3: 2.13,
+        5: 1.23,
+        8: 0.88,
+        10: 0.70,
+        12: 0.60,
+        20: 0.45,
+        40: 0.29,
+        60: 0.24,
+    }
     stages = [0.19 / 3 / 2] * 2
     sel = pm.select(stages, BATCH, measured)
     assert sel.chosen == pm.SERIAL

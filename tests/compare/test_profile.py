@@ -19,8 +19,14 @@ META = [
 # host: a step (0-100 us) holding a conv (10-40) holding a launch (20-25), then a loss (60-70);
 # GPU: two kernels (30-50, 45-90) overlapping on two streams, so busy 30-90 = 60 us.
 TORCH_LIKE = META + [
-    {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans", "ts": 0,
-     "dur": 500},
+    {
+        "ph": "X",
+        "cat": "Trace",
+        "name": "PyTorch Profiler (0)",
+        "pid": "Spans",
+        "ts": 0,
+        "dur": 500,
+    },
     {"ph": "X", "name": "step", "pid": 1, "tid": 7, "ts": 0, "dur": 100},
     {"ph": "X", "name": "conv", "pid": 1, "tid": 7, "ts": 10, "dur": 30},
     {"ph": "X", "name": "launch", "pid": 1, "tid": 7, "ts": 20, "dur": 5},
@@ -28,7 +34,7 @@ TORCH_LIKE = META + [
     {"ph": "X", "name": "kernel_a", "pid": 2, "tid": 1, "ts": 30, "dur": 20},
     {"ph": "X", "name": "kernel_b", "pid": 2, "tid": 2, "ts": 45, "dur": 45},
     {"ph": "i", "name": "marker", "pid": 1, "tid": 7, "ts": 5},
-]  # fmt: skip
+]
 MXNET_LIKE = META[:2] + [
     {"ph": "B", "name": "dot", "pid": 1, "tid": 7, "ts": 0},
     {"ph": "B", "name": "inner", "pid": 1, "tid": 7, "ts": 2},

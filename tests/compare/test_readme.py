@@ -92,9 +92,13 @@ def test_the_figure_shows_the_readme_gpu_with_the_ceilings_the_tables_pair():
     assert [p["workload"] for p in data["panels"]] == ["resnet18", "lenet"]
     resnet18 = {b["label"]: b for b in data["panels"][0]["bars"]}
     assert list(resnet18) == [
-        "torch ddp", "torch ddp+bf16+compiled", "torch ddp+compiled", "jax sharding",
-        "jax sharding+bf16", "jax pmap",
-    ]  # fmt: skip
+        "torch ddp",
+        "torch ddp+bf16+compiled",
+        "torch ddp+compiled",
+        "jax sharding",
+        "jax sharding+bf16",
+        "jax pmap",
+    ]
     compiled = resnet18["torch ddp+compiled"]
     assert (compiled["sec_per_epoch"], compiled["ceiling_sec_per_epoch"]) == (1.409, 1.411)
     assert compiled["ceiling_measured"] == "in the run" and compiled["n"] == 10
@@ -204,8 +208,11 @@ def test_png_text_reads_every_kind_of_text_chunk(tmp_path):
         + chunk(b"IEND", b"")
     )
     assert figure.png_text(path) == {
-        "plain": "latin \u00b1", "packed": "zipped", "intl": "\u00b1 utf-8", "intlz": "both",
-    }  # fmt: skip
+        "plain": "latin \u00b1",
+        "packed": "zipped",
+        "intl": "\u00b1 utf-8",
+        "intlz": "both",
+    }
     path.write_bytes(b"not a png")
     assert figure.png_text(path) == {}
 

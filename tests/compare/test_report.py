@@ -238,8 +238,11 @@ def test_second_machine_has_its_own_tables(built):
 def test_summary_puts_the_machines_side_by_side(built):
     _, md, _ = built
     rows = table_rows(md, "## Summary", keys=3)
-    assert list(rows)[:3] == [("lenet", "torch", "scratch"), ("lenet", "jax", "scratch"),
-                              ("lenet", "mxnet", "scratch")]  # fmt: skip
+    assert list(rows)[:3] == [
+        ("lenet", "torch", "scratch"),
+        ("lenet", "jax", "scratch"),
+        ("lenet", "mxnet", "scratch"),
+    ]
     torch = rows[("lenet", "torch", "scratch")]
     assert torch[CPU] == "5.00 s (2 dev)"  # the faster of 10 s (1 dev) and 5 s (2 dev)
     assert torch[SMOKE] == "–" and torch[GPU] == "0.500 s (1 dev)"
@@ -406,8 +409,18 @@ def test_selected_preset_leaves_the_others_out(tmp_path):
 
 def test_nothing_of_the_preset_asked_for_is_an_error(tmp_path, capsys):
     out = tmp_path / "out"
-    code = report.main(["--results", str(fixture_records.FIXTURE), "--out", str(out),
-                        "--preset", "smoke", "--platform", "gpu"])  # fmt: skip
+    code = report.main(
+        [
+            "--results",
+            str(fixture_records.FIXTURE),
+            "--out",
+            str(out),
+            "--preset",
+            "smoke",
+            "--platform",
+            "gpu",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == report.EXIT_NO_RESULTS and "Traceback" not in err
     assert err.startswith("error: none of the 50 usable record(s) in ")
@@ -498,9 +511,14 @@ def test_no_results_is_one_line_and_nonzero(tmp_path, capsys, content, message):
 
 def test_missing_file_beside_a_good_one_is_a_warning(tmp_path):
     code = report.main(
-        ["--results", str(fixture_records.FIXTURE), str(tmp_path / "nope.jsonl"),
-         "--out", str(tmp_path)]
-    )  # fmt: skip
+        [
+            "--results",
+            str(fixture_records.FIXTURE),
+            str(tmp_path / "nope.jsonl"),
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert code == 0
     assert "nope.jsonl: no such results file" in (tmp_path / "report.md").read_text()
 
@@ -573,15 +591,23 @@ def diverged_records() -> list[Record]:
         lenet("torch", 1, 10.0, 0.5, 0.812, 6000.0),
         lenet("torch", 2, 1.0, 0.1, 0.1, 60000.0, diverged_at_epoch=2),
         fixture_records.record(
-            "jax", "lenet", "scratch", 1, "2026-11-20T10:00:00+00:00", epochs=1,
-            sec_per_epoch=null_times, test_acc=float("nan"), test_acc_per_epoch=[float("nan")],
-            train_loss=[float("inf")], diverged_at_epoch=1,
+            "jax",
+            "lenet",
+            "scratch",
+            1,
+            "2026-11-20T10:00:00+00:00",
+            epochs=1,
+            sec_per_epoch=null_times,
+            test_acc=float("nan"),
+            test_acc_per_epoch=[float("nan")],
+            train_loss=[float("inf")],
+            diverged_at_epoch=1,
         ),
         r50("torch", "single", 0.5, 1, devices=1, diverged_at_epoch=1),
         r50("torch", "model_parallel", 2.0, 2),
         r50("torch", "pipeline", 3.0, 3, split=2, sweep=True),
         r50("torch", "pipeline", 0.1, 4, split=3, sweep=True, diverged_at_epoch=1),
-    ]  # fmt: skip
+    ]
 
 
 def test_a_diverged_record_is_shown_as_diverged_never_as_a_time(tmp_path):

@@ -64,8 +64,10 @@ def test_plan_on_a_cpu_machine():
     ]
     skipped = [(s.strategy, s.gpus, s.flags, why) for s, why in plan.skipped]
     assert [x[:3] for x in skipped] == [
-        ("dataparallel", 1, ()), ("dataparallel", 2, ()), ("dataparallel", 1, COMPILED),
-    ]  # fmt: skip
+        ("dataparallel", 1, ()),
+        ("dataparallel", 2, ()),
+        ("dataparallel", 1, COMPILED),
+    ]
     assert all("needs CUDA" in why for *_, why in skipped)
 
 
@@ -74,9 +76,11 @@ def test_bf16_runs_need_bf16_arithmetic():
     assert not [s for s in plan.steps if "bf16" in s.flags] and len(plan.steps) == 13 - 4
     bf16 = [(s.framework, s.strategy, s.flags, why) for s, why in plan.skipped if "bf16" in s.flags]
     assert [x[:3] for x in bf16] == [
-        ("torch", "ddp", BF16), ("torch", "ddp", COMPILED + BF16), ("jax", "sharding", BF16),
+        ("torch", "ddp", BF16),
+        ("torch", "ddp", COMPILED + BF16),
+        ("jax", "sharding", BF16),
         ("mxnet", "gluon", BF16),
-    ]  # fmt: skip
+    ]
     assert all(why.startswith("needs bf16 arithmetic: ") for *_, why in bf16[:3])
     assert all(why.startswith("needs a CPU with bf16 arithmetic: ") for *_, why in bf16[3:])
     assert all("measured" in why for *_, why in bf16)  # the reason, with its numbers
@@ -133,15 +137,40 @@ def test_plan_errors(kwargs, message):
 def test_step_command_line():
     step = Step("torch", "resnet50", 2, "gpipe", ())
     assert step.args("cpu", "smoke", "/r.jsonl") == [
-        "-m", "torch_impl", "--workload", "resnet50", "--gpus", "2", "--platform", "cpu",
-        "--preset", "smoke", "--strategy", "gpipe", "--results", "/r.jsonl", "--no-progress",
-    ]  # fmt: skip
+        "-m",
+        "torch_impl",
+        "--workload",
+        "resnet50",
+        "--gpus",
+        "2",
+        "--platform",
+        "cpu",
+        "--preset",
+        "smoke",
+        "--strategy",
+        "gpipe",
+        "--results",
+        "/r.jsonl",
+        "--no-progress",
+    ]
     # one device (lenet, resnet18): the framework's ceiling timed in the same run
     one = Step("jax", "lenet", 1, None, ()).args("cpu", "cpu", "/r.jsonl")
     assert one == [
-        "-m", "jax_impl", "--workload", "lenet", "--gpus", "1", "--platform", "cpu", "--preset",
-        "cpu", "--ceiling", "--results", "/r.jsonl", "--no-progress",
-    ]  # fmt: skip
+        "-m",
+        "jax_impl",
+        "--workload",
+        "lenet",
+        "--gpus",
+        "1",
+        "--platform",
+        "cpu",
+        "--preset",
+        "cpu",
+        "--ceiling",
+        "--results",
+        "/r.jsonl",
+        "--no-progress",
+    ]
     assert "--ceiling" not in Step("jax", "lenet", 2, None, ()).args("cpu", "cpu", "/r.jsonl")
     assert "--ceiling" not in Step("jax", "resnet50", 1, None, ()).args("gpu", "full", "r")
     sweep = Step("mxnet", "resnet50", 2, None, ("--sweep",)).args("gpu", "full", "r")
@@ -215,10 +244,19 @@ def test_a_failing_run_does_not_stop_the_others(tmp_path):
         return 0, [], ""
 
     code = run.main(
-        ["--platform", "cpu", "--results", str(tmp_path / "r.jsonl"), "--out", str(tmp_path),
-         "--venv", str(venv)],
-        runner=runner, echo=lines.append,
-    )  # fmt: skip
+        [
+            "--platform",
+            "cpu",
+            "--results",
+            str(tmp_path / "r.jsonl"),
+            "--out",
+            str(tmp_path),
+            "--venv",
+            str(venv),
+        ],
+        runner=runner,
+        echo=lines.append,
+    )
     assert code == 1
     assert len(calls) == 28  # every step ran
     text = "\n".join(lines)
@@ -231,11 +269,27 @@ def test_end_to_end_with_fake_environments(tmp_path, capsys):
     venv = fake_venv(tmp_path, frameworks=("torch", "jax"))
     results, out, lines = tmp_path / "r.jsonl", tmp_path / "reports", []
     code = run.main(
-        ["--frameworks", "torch", "jax", "mxnet", "--workloads", "lenet", "resnet18",
-         "--platform", "cpu", "--preset", "smoke", "--results", str(results), "--out", str(out),
-         "--venv", str(venv)],
+        [
+            "--frameworks",
+            "torch",
+            "jax",
+            "mxnet",
+            "--workloads",
+            "lenet",
+            "resnet18",
+            "--platform",
+            "cpu",
+            "--preset",
+            "smoke",
+            "--results",
+            str(results),
+            "--out",
+            str(out),
+            "--venv",
+            str(venv),
+        ],
         echo=lines.append,
-    )  # fmt: skip
+    )
     assert code == 1
     text = "\n".join(lines)
     assert "    | fake jax lenet on 2" in text  # the child's output, streamed
@@ -257,21 +311,51 @@ def test_one_interpreter_for_every_framework(tmp_path):
     python = fake_venv(tmp_path, frameworks=("torch",)) / "torch" / "bin" / "python"
     lines = []
     code = run.main(
-        ["--frameworks", "torch", "jax", "--workloads", "lenet", "--platform", "cpu",
-         "--preset", "smoke", "--results", str(tmp_path / "r.jsonl"), "--out", str(tmp_path),
-         "--venv", str(tmp_path / "none"), "--python", str(python)],
+        [
+            "--frameworks",
+            "torch",
+            "jax",
+            "--workloads",
+            "lenet",
+            "--platform",
+            "cpu",
+            "--preset",
+            "smoke",
+            "--results",
+            str(tmp_path / "r.jsonl"),
+            "--out",
+            str(tmp_path),
+            "--venv",
+            str(tmp_path / "none"),
+            "--python",
+            str(python),
+        ],
         echo=lines.append,
-    )  # fmt: skip
+    )
     assert code == 0
     text = "\n".join(lines)
     assert f"   1. {python} -m torch_impl --workload lenet" in text
     assert "    | fake jax lenet on 2" in text
     assert "5 of 5 run(s) ok, 0 failed, 0 not run, 0 skipped on this machine" in text
     code = run.main(
-        ["--frameworks", "jax", "--workloads", "lenet", "--platform", "cpu", "--preset", "smoke",
-         "--results", str(tmp_path / "r.jsonl"), "--out", str(tmp_path), "--python", "nopython3"],
+        [
+            "--frameworks",
+            "jax",
+            "--workloads",
+            "lenet",
+            "--platform",
+            "cpu",
+            "--preset",
+            "smoke",
+            "--results",
+            str(tmp_path / "r.jsonl"),
+            "--out",
+            str(tmp_path),
+            "--python",
+            "nopython3",
+        ],
         echo=lines.append,
-    )  # fmt: skip
+    )
     assert code == 1 and "SKIPPED, no interpreter nopython3" in "\n".join(lines)
 
 
@@ -281,10 +365,22 @@ def test_a_framework_setup_skipped_is_skipped_and_the_report_says_so(tmp_path):
     (venv / "mxnet.skipped").write_text("needs Python 3.10 or 3.11, found none on PATH\n")
     out, lines = tmp_path / "reports", []
     code = run.main(
-        ["--workloads", "lenet", "--platform", "cpu", "--preset", "smoke",
-         "--results", str(tmp_path / "r.jsonl"), "--out", str(out), "--venv", str(venv)],
+        [
+            "--workloads",
+            "lenet",
+            "--platform",
+            "cpu",
+            "--preset",
+            "smoke",
+            "--results",
+            str(tmp_path / "r.jsonl"),
+            "--out",
+            str(out),
+            "--venv",
+            str(venv),
+        ],
         echo=lines.append,
-    )  # fmt: skip
+    )
     assert code == 0  # every run planned for the frameworks set up ran
     text = "\n".join(lines)
     assert "skip: mxnet lenet on 1 device(s), default strategies: not set up: needs" in text
@@ -299,11 +395,26 @@ def test_the_report_says_what_the_plan_left_out_and_why(tmp_path, monkeypatch):
     monkeypatch.setattr(run.devices, "cpu_has_bf16", lambda: False)
     venv, out = fake_venv(tmp_path), tmp_path / "reports"
     code = run.main(
-        ["--frameworks", "torch", "jax", "--workloads", "lenet", "resnet18", "--platform", "cpu",
-         "--preset", "smoke", "--results", str(tmp_path / "r.jsonl"), "--out", str(out),
-         "--venv", str(venv)],
+        [
+            "--frameworks",
+            "torch",
+            "jax",
+            "--workloads",
+            "lenet",
+            "resnet18",
+            "--platform",
+            "cpu",
+            "--preset",
+            "smoke",
+            "--results",
+            str(tmp_path / "r.jsonl"),
+            "--out",
+            str(out),
+            "--venv",
+            str(venv),
+        ],
         echo=[].append,
-    )  # fmt: skip
+    )
     assert code == 1  # the fake resnet18 runs fail; the lenet ones make a report
     md = (out / "report.md").read_text()
     bf16 = [line for line in md.splitlines() if "needs bf16 arithmetic" in line]
@@ -320,10 +431,20 @@ def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path):
         raise AssertionError("dry run must not run anything")
 
     code = run.main(
-        ["--dry-run", "--platform", "cpu", "--frameworks", "torch", "--workloads", "resnet18",
-         "--results", str(tmp_path / "r.jsonl")],
-        runner=runner, echo=lines.append,
-    )  # fmt: skip
+        [
+            "--dry-run",
+            "--platform",
+            "cpu",
+            "--frameworks",
+            "torch",
+            "--workloads",
+            "resnet18",
+            "--results",
+            str(tmp_path / "r.jsonl"),
+        ],
+        runner=runner,
+        echo=lines.append,
+    )
     assert code == 0
     text = "\n".join(lines)
     assert "plan: platform cpu" in text and "preset cpu" in text
@@ -336,11 +457,27 @@ def test_steps_run_part_of_the_plan_numbered_as_the_dry_run_prints_it(tmp_path):
     """--steps: a long plan in parts (a GPU session's 10-minute calls), or one step again."""
     calls, lines = [], []
     code = run.main(
-        ["--platform", "cpu", "--frameworks", "torch", "--workloads", "lenet", "resnet18",
-         "--steps", "2", "4-5", "--results", str(tmp_path / "r.jsonl"), "--out", str(tmp_path),
-         "--venv", str(fake_venv(tmp_path))],
-        runner=lambda cmd, echo, timeout: calls.append(cmd) or (0, [], ""), echo=lines.append,
-    )  # fmt: skip
+        [
+            "--platform",
+            "cpu",
+            "--frameworks",
+            "torch",
+            "--workloads",
+            "lenet",
+            "resnet18",
+            "--steps",
+            "2",
+            "4-5",
+            "--results",
+            str(tmp_path / "r.jsonl"),
+            "--out",
+            str(tmp_path),
+            "--venv",
+            str(fake_venv(tmp_path)),
+        ],
+        runner=lambda cmd, echo, timeout: calls.append(cmd) or (0, [], ""),
+        echo=lines.append,
+    )
     assert code == 1  # every step ran, but this runner writes no records to report on
     plan = run.make_plan(["torch"], ["lenet", "resnet18"], "cpu", 0, cpu_bf16=True).steps
     want = [plan[1], plan[3], plan[4]]  # steps 2, 4 and 5, in the plan's order
@@ -363,10 +500,22 @@ def test_bad_steps_are_one_line_before_any_run(tmp_path, capsys, argv, message):
         raise AssertionError("nothing may run")
 
     code = run.main(
-        ["--platform", "cpu", "--frameworks", "torch", "--workloads", "lenet", *argv,
-         "--results", str(tmp_path / "r.jsonl"), "--out", str(tmp_path / "o")],
-        runner=runner, echo=[].append,
-    )  # fmt: skip
+        [
+            "--platform",
+            "cpu",
+            "--frameworks",
+            "torch",
+            "--workloads",
+            "lenet",
+            *argv,
+            "--results",
+            str(tmp_path / "r.jsonl"),
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        runner=runner,
+        echo=[].append,
+    )
     assert code == 2
     assert capsys.readouterr().err.splitlines() == [message]
     assert not (tmp_path / "r.jsonl").exists() and not (tmp_path / "o").exists()
@@ -376,10 +525,24 @@ def test_assume_gpus_plans_a_gpu_machine_from_this_one(tmp_path, monkeypatch):
     monkeypatch.setattr(run.devices, "count_accelerators", lambda: 0)
     lines = []
     code = run.main(
-        ["--dry-run", "--assume-gpus", "1", "--frameworks", "torch", "--workloads", "resnet18",
-         "--python", "python3", "--results", str(tmp_path / "r.jsonl"), "--steps", "3-4"],
-        runner=None, echo=lines.append,
-    )  # fmt: skip
+        [
+            "--dry-run",
+            "--assume-gpus",
+            "1",
+            "--frameworks",
+            "torch",
+            "--workloads",
+            "resnet18",
+            "--python",
+            "python3",
+            "--results",
+            str(tmp_path / "r.jsonl"),
+            "--steps",
+            "3-4",
+        ],
+        runner=None,
+        echo=lines.append,
+    )
     assert code == 0
     text = "\n".join(lines)
     assert "plan: platform gpu (1 GPU(s)), preset full" in text
@@ -419,10 +582,13 @@ def test_stream_keeps_the_stderr_tail_and_times_out(monkeypatch):
     monkeypatch.setattr(processes, "STOP_WAIT_S", 1)  # where the suite runs with SIGINT ignored
     lines = []
     code, tail, note = stream.stream(
-        [sys.executable, "-c", "import sys\nfor i in range(30): print(i, file=sys.stderr)\n"
-         "print('out')"],
+        [
+            sys.executable,
+            "-c",
+            "import sys\nfor i in range(30): print(i, file=sys.stderr)\nprint('out')",
+        ],
         lines.append,
-    )  # fmt: skip
+    )
     assert code == 0 and note == ""
     assert tail == [str(i) for i in range(30 - stream.TAIL_LINES, 30)]
     assert "    | out" in lines
@@ -622,10 +788,21 @@ def test_make_compare_prints_the_progress_at_every_step(tmp_path):
 def test_dry_run_says_how_long_the_plan_should_take(tmp_path):
     lines = []
     run.main(
-        ["--dry-run", "--platform", "cpu", "--frameworks", "jax", "--workloads", "lenet",
-         "--preset", "cpu", "--results", str(tmp_path / "r.jsonl")],
+        [
+            "--dry-run",
+            "--platform",
+            "cpu",
+            "--frameworks",
+            "jax",
+            "--workloads",
+            "lenet",
+            "--preset",
+            "cpu",
+            "--results",
+            str(tmp_path / "r.jsonl"),
+        ],
         echo=lines.append,
-    )  # fmt: skip
+    )
     minutes = -(-sum(progress.PRIORS["lenet", "cpu"][:2]) // 60)
     assert (
         f"  time: about {minutes} min for all 2 step(s), estimated from the preset's" in lines[-1]

@@ -70,9 +70,13 @@ def test_resnet50_forward_on_the_gpu_matches_the_float64_fixture():
         out = model.to(CUDA)(torch.from_numpy(fix["input"]).to(CUDA)).cpu().numpy()
     sensitivity = float(fix["output.sensitivity"])
     numerics.check_float32(
-        "torch resnet50 cuda float32 forward", out, fix["output"], sensitivity, gen.STAGES,
+        "torch resnet50 cuda float32 forward",
+        out,
+        fix["output"],
+        sensitivity,
+        gen.STAGES,
         gen.REDUCTION,
-    )  # fmt: skip
+    )
 
 
 @pytest.fixture(scope="module")
