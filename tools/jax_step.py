@@ -85,7 +85,7 @@ def probe_batch(n: int):
     return rng.random((n, 28, 28, 1), dtype=np.float32), rng.integers(0, 10, n).astype(np.int32)
 
 
-def build(args) -> dict:
+def build(args, x_host, y_host) -> dict:
     """{variant: (step, lowered, state)} on the probe's batch, each step called first (it
     compiles; the two-pass variant while its BatchNorm is in place, since flax looks
     `batch_norm` up when it traces)."""
@@ -93,7 +93,6 @@ def build(args) -> dict:
 
     from jax_impl import resnet18
 
-    x_host, y_host = probe_batch(args.batch)
     x_all, y_all = jax.device_put((x_host, y_host))
     net = resnet18.resnet18(width=args.width)
     steps = {"project": _project_step(net, args.batch, x_all, y_all)}
@@ -222,7 +221,8 @@ def main(argv=None) -> int:
 
     from jax_impl import devices
 
-    steps = build(args)
+    x_host, y_host = probe_batch(args.batch)
+    steps = build(args, x_host, y_host)
     ms = measure(steps, args.steps, args.rounds)
     rows = {k: {"ms_per_step": ms[k], **analyse(k, steps[k][1], args.hlo)} for k in VARIANTS}
     device = jax.devices()[0]
@@ -231,7 +231,7 @@ def main(argv=None) -> int:
         print(f"{k:>18}: {row['ms_per_step']:.3f} ms/step, {flops} FLOPs, {moved} bytes accessed")
         print(f"{'':>18}  entry: {row['entry_opcodes']}")
     print(f"on {device.device_kind} ({device.platform}), batch {args.batch}")
-    variance = variance_errors(probe_batch(args.batch)[0], args.width)
+    variance = variance_errors(x_host, args.width)
     worst = {k: max(row[k] for row in variance.values()) for k in ("kappa", "one_pass", "two_pass")}
     print(
         f"BatchNorm variance at {len(variance)} inputs: condition up to {worst['kappa']:.3g}, "
