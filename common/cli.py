@@ -17,6 +17,7 @@ from pathlib import Path
 from common import (
     checks,
     config,
+    cores,
     data,
     devices,
     flops,
@@ -91,6 +92,14 @@ def parser(framework: str) -> argparse.ArgumentParser:
         metavar="DIR",
         help="trace the first timed epoch (resnet50: repeat; --ceiling: and its first repeat) "
         "into DIR with the framework's profiler; writes no record",
+    )
+    p.add_argument(
+        "--cores-per-device",
+        type=whole_number,
+        default=None,
+        metavar="K",
+        help="give each device K CPU cores of its own and K threads (default: the devices share "
+        "every core this process may use)",
     )
     _node_options(p)
     p.add_argument(
@@ -188,10 +197,13 @@ def start(framework, argv=None, before_import=None, load=None) -> None:
         # Here, once, before the framework's import and before torchrun's or MXNet's
         # workers start: each would fail on its own, under its launcher's traceback.
         data.locate()
+    if args.cores_per_device is not None:  # before any framework sizes its threads
+        cores.claim(plan.count, args.cores_per_device)
+        cores.narrow()
     if before_import is not None:
         before_import(plan)
     module, hooks = load(args.workload)
-    note = devices.notice(plan)
+    note = devices.notice(plan, args.cores_per_device)
     if note and not os.environ.get(NOTE_SHOWN_ENV):
         print(note, file=sys.stderr)
     if bf16 := checks.bf16_note(framework, args, plan.platform):
@@ -239,8 +251,10 @@ def make_record(framework, args, plan, cfg, device_names, framework_versions, th
         fields["extra"] = {**fields.get("extra", {}), "compiled": getattr(args, "compile", False)}
     if getattr(args, "profile", None):  # a traced run: save() prints it and keeps no record
         fields["extra"] = {**fields.get("extra", {}), "profile": args.profile}
-    # MXNet's default thread count was half the CPUs (set_mxnet_threads): records say theirs.
+    # MXNet's default thread count was half the CPUs (set_mxnet_threads): records say theirs,
+    # and which cores each device had (--cores-per-device).
     fields["extra"] = {**fields.get("extra", {}), "threads": threads}
+    fields["extra"] |= cores.record_fields(framework, plan.count)
     gpus = [g["name"] for g in hardware["gpus"]] if plan.platform == "gpu" else []
     fields["flops"] = flops.record_fields(
         args.workload,

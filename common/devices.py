@@ -159,10 +159,15 @@ def plan(gpus: int, platform: str = "auto", accelerators: int | None = None) -> 
     return DevicePlan(gpus, "cpu", virtual=True)
 
 
-def notice(p: DevicePlan) -> str | None:
+def notice(p: DevicePlan, cores_per_device: int | None = None) -> str | None:
     """The line to print when devices are virtual, so nobody mistakes them for accelerators."""
     if not p.virtual:
         return None
+    if cores_per_device:
+        return (
+            f"note: no accelerator in use; running on {p.describe()}: each with "
+            f"{cores_per_device} CPU core(s) of its own (--cores-per-device)"
+        )
     return (
         f"note: no accelerator in use; running on {p.describe()}: {p.count} virtual devices "
         f"sharing {os.cpu_count()} CPU core(s), so timings show overheads, not GPU speedups"

@@ -45,7 +45,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common import cli, config, devices, processes, signals
+from common import cli, config, cores, devices, processes, signals
 
 ROOT = Path(__file__).resolve().parent.parent
 # A scheduler or server, by its DMLC_ROLE; it ends with its launcher, even a SIGKILLed one.
@@ -80,12 +80,13 @@ def dist_sync(worker_cmd: list[str], n_contexts: int, what: str) -> None:
     """Run the scheduler, the servers and `worker_cmd` as every worker on 127.0.0.1; return
     when all have finished, else stop them all and end with one line (SystemExit)."""
     workers, servers = counts(n_contexts)
-    env = _environment(workers, servers, _port())
+    env = _environment(workers, servers, _port(), n_contexts)
     procs: list[_Proc] = []
     try:
         procs.append(_start("scheduler", SERVE, env))
         procs += [_start(f"server {i}", SERVE, env) for i in range(servers)]
-        procs += [_start(f"worker {i}", worker_cmd, env) for i in range(workers)]
+        for i in range(workers):  # each worker keeps its slice of the cores (cores.narrow)
+            procs.append(_start(f"worker {i}", worker_cmd, {**env, cores.LOCAL_INDEX_ENV: str(i)}))
         _watch(procs, what)
     finally:
         for p in procs:
@@ -105,7 +106,7 @@ def _port() -> int:
     return port
 
 
-def _environment(workers: int, servers: int, port: int) -> dict:
+def _environment(workers: int, servers: int, port: int, n_contexts: int) -> dict:
     env = dict(os.environ)
     env.update(
         DMLC_PS_ROOT_URI="127.0.0.1",
@@ -115,10 +116,14 @@ def _environment(workers: int, servers: int, port: int) -> dict:
         DMLC_NODE_HOST="127.0.0.1",  # every process on loopback, whatever the interfaces
     )
     # The workers share this process's threads (every CPU allowed, or the user's count:
-    # devices.set_mxnet_threads) instead of each taking them all.
+    # devices.set_mxnet_threads) instead of each taking them all; with cores per device, each
+    # worker computes with those of its contexts (common/cores.py).
     own = os.environ.get(devices.OMP_THREADS_ENV, "")
     budget = int(own) if own.isdigit() else devices.cores_allowed()
-    env[devices.OMP_THREADS_ENV] = str(max(1, budget // workers))
+    per_device = os.environ.get(cores.PER_DEVICE_ENV)
+    threads = int(per_device) * n_contexts // workers if per_device else budget // workers
+    env[devices.OMP_THREADS_ENV] = str(max(1, threads))
+    env[cores.LOCAL_COUNT_ENV] = str(workers)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env[cli.NOTE_SHOWN_ENV] = "1"  # this process (cli.run) already said the devices are virtual
     env[LAUNCHED_ENV] = "1"  # its workers end with it (`join`)

@@ -45,5 +45,5 @@ def test_a_users_thread_count_is_kept(tmp_path):
 @pytest.mark.parametrize(("own", "each"), [("4", 2), ("1", 1), ("", CORES // 2 or 1)])
 def test_dist_workers_share_the_launchers_threads(own, each, monkeypatch):
     monkeypatch.setenv(devices.OMP_THREADS_ENV, own)
-    env = launch._environment(workers=2, servers=1, port=9000)
+    env = launch._environment(workers=2, servers=1, port=9000, n_contexts=2)
     assert env[devices.OMP_THREADS_ENV] == str(each)
