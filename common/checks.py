@@ -82,7 +82,13 @@ BF16_COST = {
 
 
 NODE_OPTIONS = ("--nnodes", "--node-rank", "--rdzv-endpoint", "--rdzv-timeout")
-NODES_SCOPE = "--nnodes, --node-rank and --rdzv-* apply to torch resnet18 ddp"
+NODES_SCOPE = (
+    "--nnodes, --node-rank and --rdzv-* apply to resnet18's multi-node engines (torch ddp, "
+    "JAX sharding, MXNet dist)"
+)
+# Each framework's engine over several machines: torchrun's c10d rendezvous, jax.distributed's
+# coordinator, ps-lite's scheduler (each at node 0's --rdzv-endpoint).
+NODE_STRATEGIES = {"torch": "ddp", "jax": "sharding", "mxnet": "dist"}
 
 
 def check_nodes(framework: str, args: argparse.Namespace) -> None:
@@ -91,20 +97,14 @@ def check_nodes(framework: str, args: argparse.Namespace) -> None:
     given = [o for o in NODE_OPTIONS if getattr(args, o[2:].replace("-", "_"), None) is not None]
     if not given:
         return
-    if framework == "jax":
-        raise config.ConfigError(
-            f"{given[0]} is for torch: JAX's processes meet through JAX_COORDINATOR_ADDRESS, "
-            "JAX_NUM_PROCESSES and JAX_PROCESS_ID (jax_impl/launch.py); drop it"
-        )
-    if framework == "mxnet":
-        raise config.ConfigError(
-            f"{given[0]} is for torch: MXNet's machines meet through the DMLC_* variables "
-            "(mxnet_impl/launch.py); drop it"
-        )
     if args.workload != "resnet18":
         raise config.ConfigError(f"{NODES_SCOPE}, not {args.workload}; drop {given[0]}")
-    if args.strategy not in (None, "ddp"):
-        raise config.ConfigError(f"{NODES_SCOPE}, not resnet18 {args.strategy}; drop {given[0]}")
+    engine = NODE_STRATEGIES[framework]
+    if args.strategy not in (None, engine):
+        raise config.ConfigError(
+            f"{NODES_SCOPE}, not {framework} resnet18 {args.strategy}; drop {given[0]}"
+        )
+    args.strategy = engine  # several machines run the framework's multi-node engine
     missing = [o for o in NODE_OPTIONS[:3] if o not in given]
     if missing:
         raise config.ConfigError(

@@ -198,8 +198,8 @@ def start(framework, argv=None, before_import=None, load=None) -> None:
         # workers start: each would fail on its own, under its launcher's traceback.
         data.locate()
     if args.cores_per_device is not None:  # before any framework sizes its threads
-        cores.claim(plan.count, args.cores_per_device)
-        cores.narrow()
+        if cores.narrow() is None:  # a launcher's worker keeps its slice of the node's cores
+            cores.claim(plan.count, args.cores_per_device)
     if before_import is not None:
         before_import(plan)
     module, hooks = load(args.workload)

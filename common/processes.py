@@ -265,3 +265,42 @@ def _check_ps_lite(env: Mapping[str, str], workload: str, strategy: str | None) 
             f"{names} set (left from a kvstore dist run?): MXNet would join a parameter server, "
             f"which only --strategy dist uses; unset them (unset {names})"
         )
+
+
+# --- a node's own address, where its host name may resolve to loopback ---------------------------
+
+
+def route_to(host: str, port: int) -> tuple[str, str | None]:
+    """(this machine's address toward `host`, the interface that holds it): what a node of a
+    multi-node run advertises to the others and binds its collectives to. A host name can
+    resolve to 127.0.0.1 (Debian's /etc/hosts maps it to 127.0.1.1), so engines that advertise
+    the host name send their peers to themselves; the route to node 0 names the right one."""
+    try:
+        found = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_DGRAM)
+        family, _, _, _, where = found[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:  # no packet is sent
+            probe.connect(where)
+            address = probe.getsockname()[0]
+    except OSError as e:
+        raise config.ConfigError(
+            f"no route from this machine to {host}:{port} ({e.strerror or e}); give node 0's "
+            "address, reachable from here"
+        ) from None
+    return address, interface_of(address)
+
+
+def interface_of(address: str) -> str | None:
+    """The name of the interface that holds the IPv4 `address` (None: none found)."""
+    import fcntl
+    import struct
+
+    siocgifaddr = 0x8915
+    for _, name in socket.if_nameindex():
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:
+                raw = fcntl.ioctl(s.fileno(), siocgifaddr, struct.pack("256s", name.encode()[:15]))
+            except OSError:  # no IPv4 address on it
+                continue
+        if socket.inet_ntoa(raw[20:24]) == address:
+            return name
+    return None

@@ -22,10 +22,18 @@ import jax
 from common import cli, config, devices, processes, signals
 
 
-def join(strategy: str, plan: devices.DevicePlan):
-    """Join the other processes when JAX_NUM_PROCESSES > 1: (the plan counting every process's
-    devices, those devices); else (plan, None). Runs before anything touches a JAX backend.
-    Bad JAX_* values are config errors; the wait ends after JAX_INIT_TIMEOUT s in one line."""
+def join(strategy: str, plan: devices.DevicePlan, args=None):
+    """Join the other processes when JAX_NUM_PROCESSES > 1 (or `args` say --nnodes): (the plan
+    counting every process's devices, those devices); else (plan, None). Runs before anything
+    touches a JAX backend. Bad JAX_* values are config errors; the wait ends after
+    JAX_INIT_TIMEOUT s in one line."""
+    if getattr(args, "nnodes", None):  # the command line's nodes: one process each
+        os.environ.update(
+            JAX_COORDINATOR_ADDRESS=args.rdzv_endpoint,
+            JAX_NUM_PROCESSES=str(args.nnodes),
+            JAX_PROCESS_ID=str(args.node_rank),
+            JAX_INIT_TIMEOUT=str(args.rdzv_timeout or cli.RDZV_TIMEOUT_S),
+        )
     count = processes.env_int("JAX_NUM_PROCESSES", "1", 1)
     if count < 2:
         return plan, None
@@ -47,6 +55,8 @@ def join(strategy: str, plan: devices.DevicePlan):
     timeout = processes.env_int("JAX_INIT_TIMEOUT", "60", 1)
     # jax's own deadline aborts with a C++ stack dump: this one ends the wait first, in one line
     line = _not_joined(rank, count, address, timeout)
+    if plan.platform == "cpu":
+        _gloo_towards(address)
     with processes.deadline(timeout, line, cli.EXIT_BAD_INPUT):
         # The coordinator listens on the address it is given, not every interface (127.0.0.1:
         # this machine only): the processes authenticate nobody. No preemption service: it
@@ -78,3 +88,22 @@ def _not_joined(rank, count, address, timeout):
         f"error: {what} with JAX_PROCESS_ID={ids}, JAX_NUM_PROCESSES={count} and "
         f"JAX_COORDINATOR_ADDRESS={address} (or raise JAX_INIT_TIMEOUT)"
     )
+
+
+def _gloo_towards(address: str) -> None:
+    """Bind the CPU collectives (gloo) to this machine's interface toward the coordinator: by
+    default gloo listens on, and advertises, the address the host name resolves to, which can
+    be loopback (peers on other machines then reach themselves) or another network than the
+    one the run was given. jax has no public setting for gloo's interface: its CPU backend
+    factory is registered again with one (jax._src, before any backend starts)."""
+    from jax._src import distributed, xla_bridge
+    from jaxlib import _jax
+
+    _, interface = processes.route_to(*address.rsplit(":", 1))
+
+    def cpu_client():
+        client = distributed.global_state.client
+        gloo = _jax.make_gloo_tcp_collectives(distributed_client=client, interface=interface)
+        return xla_bridge.make_cpu_client(collectives=gloo)
+
+    xla_bridge.register_backend_factory("cpu", cpu_client, priority=0, fail_quietly=False)

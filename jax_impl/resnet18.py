@@ -277,7 +277,7 @@ def main(args, plan, cfg, hooks):
     """Check everything, join the other JAX processes where there are (jax_impl/launch.py),
     then train and record (process 0 records)."""
     strategy = training.choose_strategy("resnet18", FRAMEWORK, args.strategy, STRATEGIES)
-    plan, devs = launch.join(strategy, plan)  # several processes: every process's devices
+    plan, devs = launch.join(strategy, plan, args)  # several processes: every process's devices
     # d2l 13.6: N devices train with N times the batch and the lr (2 devices: 512 and 0.2).
     cfg = config.for_devices(cfg, plan.count)
     if cfg.image_size != 28:

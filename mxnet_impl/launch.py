@@ -76,21 +76,36 @@ def counts(n_contexts: int) -> tuple[int, int]:
     return workers, servers
 
 
-def dist_sync(worker_cmd: list[str], n_contexts: int, what: str) -> None:
-    """Run the scheduler, the servers and `worker_cmd` as every worker on 127.0.0.1; return
-    when all have finished, else stop them all and end with one line (SystemExit)."""
-    workers, servers = counts(n_contexts)
-    env = _environment(workers, servers, _port(), n_contexts)
+def dist_sync(worker_cmd: list[str], n_contexts: int, what: str, args=None) -> None:
+    """Run the scheduler, the servers and `worker_cmd` as every worker on 127.0.0.1 (or, with
+    `args.nnodes`, this node's share: the scheduler on node 0, a server and a worker of
+    `n_contexts` contexts on every node); return when all have finished, else stop them all
+    and end with one line (SystemExit)."""
+    if getattr(args, "nnodes", None):
+        env = _node_environment(args, n_contexts)
+        roles = (["scheduler"] if args.node_rank == 0 else []) + ["server 0"]
+        local = 1
+    else:
+        workers, servers = counts(n_contexts)
+        env = _environment(workers, servers, _port(), n_contexts)
+        roles, local = ["scheduler"] + [f"server {i}" for i in range(servers)], workers
     procs: list[_Proc] = []
     try:
-        procs.append(_start("scheduler", SERVE, env))
-        procs += [_start(f"server {i}", SERVE, env) for i in range(servers)]
-        for i in range(workers):  # each worker keeps its slice of the cores (cores.narrow)
+        procs += [_start(role, SERVE, env) for role in roles]
+        for i in range(local):  # each worker keeps its slice of the cores (cores.narrow)
             procs.append(_start(f"worker {i}", worker_cmd, {**env, cores.LOCAL_INDEX_ENV: str(i)}))
         _watch(procs, what)
     finally:
         for p in procs:
             _kill(p)
+
+
+def worker_argv(args, n_contexts: int) -> list[str]:
+    """A worker's command line: the user's, as one worker of every node's contexts (the
+    DMLC_* variables say where the others are; --nnodes is the launcher's)."""
+    nodes = getattr(args, "nnodes", None) or 1
+    gone = {"nnodes": None, "node_rank": None, "rdzv_endpoint": None, "rdzv_timeout": None}
+    return cli.worker_argv(args, strategy="dist", gpus=n_contexts * nodes, **gone)
 
 
 def _port() -> int:
@@ -104,6 +119,23 @@ def _port() -> int:
         raise config.ConfigError(f"DMLC_PS_ROOT_PORT must be a port (1-65535), got {port}")
     processes.check_port_free(port, "DMLC_PS_ROOT_PORT (the kvstore scheduler)")
     return port
+
+
+def _node_environment(args, n_contexts: int) -> dict:
+    """ps-lite's settings on one node of several: node 0's scheduler at --rdzv-endpoint, and
+    this node's own address and interface toward it (never its host name, which may resolve
+    to loopback)."""
+    host, port = args.rdzv_endpoint.rsplit(":", 1)
+    if args.node_rank == 0:
+        processes.check_port_free(int(port), "--rdzv-endpoint (the kvstore scheduler)")
+    env = _environment(args.nnodes, args.nnodes, int(port), args.nnodes * n_contexts)
+    address, interface = processes.route_to(host, int(port))
+    env.update(DMLC_PS_ROOT_URI=host, DMLC_NODE_HOST=address)
+    env[cores.LOCAL_COUNT_ENV] = "1"
+    env.setdefault("MXNET_DIST_INIT_TIMEOUT", str(args.rdzv_timeout or cli.RDZV_TIMEOUT_S))
+    if interface:
+        env["DMLC_INTERFACE"] = interface
+    return env
 
 
 def _environment(workers: int, servers: int, port: int, n_contexts: int) -> dict:

@@ -20,7 +20,7 @@ import numpy as np
 from mxnet import autograd, gluon, nd
 from mxnet.gluon import nn
 
-from common import cli, config, data, harness, training, utilization, weights
+from common import config, data, harness, training, utilization, weights
 from mxnet_impl import devices as mdev
 from mxnet_impl import launch
 from mxnet_impl import weights as mweights
@@ -271,8 +271,8 @@ def main(args, plan, cfg, hooks):
         use_bf16()  # here, so that a CPU without bf16 kernels fails before dist workers start
     _check(cfg, plan)
     if strategy == "dist" and not launch.is_worker():
-        cmd = [sys.executable, "-m", "mxnet_impl", *cli.worker_argv(args, strategy="dist")]
-        launch.dist_sync(cmd, plan.count, "MXNet dist_sync training")
+        cmd = [sys.executable, "-m", "mxnet_impl", *launch.worker_argv(args, plan.count)]
+        launch.dist_sync(cmd, plan.count, "MXNet dist_sync training", args)
         return
     kv, ctxs = launch.join(plan) if strategy == "dist" else (None, mdev.get_devices(plan))
     # d2l 13.6: 2 devices train with batch 512 and lr 0.2 (the one-device values times 2).

@@ -82,18 +82,25 @@ class Nodes:
         timeout = args.rdzv_timeout or cli.RDZV_TIMEOUT_S
         return cls(args.nnodes, args.node_rank, args.rdzv_endpoint, timeout)
 
-    def torchrun_options(self) -> list[str]:
+    def torchrun_options(self, env: dict) -> list[str]:
         # c10d numbers the nodes itself (torchrun ignores --node-rank there): the node rank
         # says which one hosts the store (is_host). torch's timeouts end after the launcher's,
         # so its line, not a torch traceback, is the one a user reads.
         limit = self.timeout + TORCH_MARGIN_S
         host = "true" if self.rank == 0 else "false"
+        # This node's address toward node 0, never its host name (which may resolve to
+        # loopback): torchrun advertises it for the workers' store, gloo binds to its interface.
+        address, interface = processes.route_to(*self.endpoint.rsplit(":", 1))
+        if interface:
+            env.setdefault("GLOO_SOCKET_IFNAME", interface)
+            env.setdefault("NCCL_SOCKET_IFNAME", interface)
         return [
             f"--nnodes={self.count}",
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint={self.endpoint}",
             f"--rdzv-id={RDZV_ID}",
             f"--rdzv-conf=is_host={host},join_timeout={limit},read_timeout={limit}",
+            f"--local-addr={address}",
         ]
 
     def check(self) -> None:
@@ -140,7 +147,7 @@ def torchrun(argv: list[str], nproc: int, what: str, nodes: Nodes | None = None,
     env.setdefault("LOGLEVEL", "ERROR")  # torchrun's warnings as it stops: the launcher says it
     cmd = [sys.executable, "-m", "torch_impl.torchrun"]  # torch.distributed.run, quiet if stopped
     with contextlib.ExitStack() as stack:
-        cmd += nodes.torchrun_options() if nodes else stack.enter_context(_loopback(env))
+        cmd += nodes.torchrun_options(env) if nodes else stack.enter_context(_loopback(env))
         cmd += [f"--nproc-per-node={nproc}", "--monitor-interval=0.5", "-m", "torch_impl", *argv]
         tmp = stack.enter_context(tempfile.TemporaryDirectory())
         _torchrun(cmd, env, tmp, what, nodes)
