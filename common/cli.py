@@ -73,6 +73,12 @@ def parser(framework: str) -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=whole_number, default=None)
     p.add_argument("--batch-size", type=whole_number, default=None)
     p.add_argument("--lr", type=float, default=None)
+    p.add_argument(
+        "--steps-per-epoch",
+        type=whole_number,
+        default=None,
+        help="resnet18: time this many steps per epoch and extrapolate the epoch's time",
+    )
     p.add_argument("--split-size", type=whole_number, default=None, help="resnet50 pipeline")
     p.add_argument("--sweep", action="store_true", help="resnet50: sweep the preset's split sizes")
     p.add_argument("--amp", choices=("off", "bf16"), default="off", help="mixed precision")
@@ -139,11 +145,16 @@ def overrides(args: argparse.Namespace) -> dict:
         raise config.ConfigError(
             f"--split-size and --sweep apply to resnet50 only, not {args.workload}; drop them"
         )
+    if args.workload != "resnet18" and args.steps_per_epoch is not None:
+        raise config.ConfigError(
+            f"--steps-per-epoch applies to resnet18 only, not {args.workload}; drop it"
+        )
     return {
         "epochs": args.epochs,
         "batch_size": args.batch_size,
         "lr": args.lr,
         **({"split_size": args.split_size} if args.workload == "resnet50" else {}),
+        **({"steps_per_epoch": args.steps_per_epoch} if args.workload == "resnet18" else {}),
     }
 
 
@@ -180,6 +191,7 @@ def start(framework, argv=None, before_import=None, load=None) -> None:
     """Parse and check everything (bad settings fail before a framework is imported), then
     `load(workload)`, the framework's (`<framework>_impl/__main__.py`): the workload's module and
     the framework's harness.Hooks; then the module's `main(args, plan, cfg, hooks)`."""
+    signals.watch_launcher()  # started by a supervisor (a cluster's node): end with it
     args = parser(framework).parse_args(argv)
     absolute_paths()
     plan = devices.plan(args.gpus, args.platform)
@@ -197,9 +209,10 @@ def start(framework, argv=None, before_import=None, load=None) -> None:
         # Here, once, before the framework's import and before torchrun's or MXNet's
         # workers start: each would fail on its own, under its launcher's traceback.
         data.locate()
-    if args.cores_per_device is not None:  # before any framework sizes its threads
-        if cores.narrow() is None:  # a launcher's worker keeps its slice of the node's cores
-            cores.claim(plan.count, args.cores_per_device)
+    # Cores per device, before any framework sizes its threads; a launcher's worker keeps its
+    # slice of the cores its launcher claimed for the node.
+    if args.cores_per_device is not None and cores.narrow() is None:
+        cores.claim(plan.count, args.cores_per_device)
     if before_import is not None:
         before_import(plan)
     module, hooks = load(args.workload)

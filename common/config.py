@@ -139,7 +139,7 @@ def get_config(workload: str, preset: str, **overrides):
 
 
 def validate(cfg) -> None:
-    for name in ("batch_size", "epochs", "num_batches", "repeats", "image_size"):
+    for name in ("batch_size", "epochs", "num_batches", "repeats", "image_size", "steps_per_epoch"):
         value = getattr(cfg, name, None)
         if value is not None and value < 1:
             raise ConfigError(f"{name} must be at least 1, got {value}")

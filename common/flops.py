@@ -31,6 +31,18 @@ from dataclasses import dataclass
 FLOPS_PER_MAC = 2
 TRAIN_MULTIPLIER = 3  # forward + backward (2 x forward: gradients of inputs and of weights)
 
+# The trainable parameters of each data-parallel workload's model: a step combines one float32
+# gradient of this many values over the devices (each framework's suite checks its model's count).
+PARAMETERS = {"lenet": 129_068, "resnet18": 11_175_818}
+GRADIENT_BYTES_PER_VALUE = 4  # float32 gradients, also under bf16 autocast
+
+
+def gradient_bytes(workload: str) -> int | None:
+    """The bytes of one gradient of `workload`'s model (None: not a data-parallel workload)."""
+    count = PARAMETERS.get(workload)
+    return None if count is None else count * GRADIENT_BYTES_PER_VALUE
+
+
 # torchvision's ResNet-50 bottleneck stages, (planes, blocks, stride of the first block); the
 # same table as common.stages.LAYERS, kept here so that the counter is checked against it.
 _RESNET50_STAGES = ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2))

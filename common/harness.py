@@ -24,7 +24,7 @@ from types import ModuleType
 
 import numpy as np
 
-from common import ceiling, cli, data, profiling, timing, training, utilization
+from common import ceiling, cli, data, link, profiling, timing, training, utilization
 
 TEST_BATCH = 256  # test images per device in each evaluation batch (not timed)
 
@@ -61,6 +61,7 @@ class Run:
         full = -(-self.n_train // cfg.batch_size)  # an epoch's steps: a bounded one extrapolates
         self.epoch_log = training.EpochLog(cfg.epochs, full, quiet=rank != 0, ceiling=probe)
         self.sampler = utilization.Sampler("cpu_time")
+        self.link = link.Counter()  # a cluster's node: the bytes its link carries in the epochs
         self._steps = self._seen = 0
 
     def sampling(self, sampler: utilization.Sampler) -> Run:
@@ -99,10 +100,12 @@ class Run:
         quiet = getattr(self.args, "no_progress", True) or self.rank != 0
         # The bar before the clock starts: its first call imports tqdm.
         bar = cli.progress(None, len(batches), f"epoch {epoch + 1}", quiet)
+        begun = self.link.start()
         with self.sampler.measure(), self.timer.region():
             for part in shard(batches):
                 yield part
                 bar.update(1)
+        self.link.stop(begun, len(batches))
         bar.close()
         self._steps, self._seen = len(batches), sum(len(b) for b in batches)
 
@@ -129,7 +132,8 @@ class Run:
                 raise training.Diverged(self.epoch_log.diverged, self.epoch_log.train_loss[-1])
             return
         fields = self.epoch_log.record_fields(self.timer.warmup_seconds)
-        fields.update(strategy=strategy, extra=extra or {}, threads=self.hooks.threads())
+        extra = {**(extra or {}), **self.link.fields()}
+        fields.update(strategy=strategy, extra=extra, threads=self.hooks.threads())
         rec = cli.make_record(
             self.hooks.framework, self.args, plan, self.cfg, names, versions, **fields
         )

@@ -103,12 +103,28 @@ def _watchdog(read: int, taken: threading.Event, grace: float) -> None:
                 os._exit(128 + signum)
 
 
-def watch_parent(on_exit: Callable[[], None] | None = None, grace: float = 10.0) -> None:
-    """Watch, in a daemon thread, for this process's parent to go (the process is then
-    reparented). Then call `on_exit` (default: SIGTERM to this process, which ends it as a stop
-    does) and, should the process still run `grace` seconds later (blocked in a collective
-    that waits for the dead), end it at once. Polls twice a second."""
-    parent = os.getppid()
+PARENT_ENV = "MULTIDEVICE_PARENT"  # the pid of the supervisor that started this process
+
+
+def watch_launcher() -> None:
+    """A process that a supervisor started (PARENT_ENV names it) ends when that supervisor is
+    gone, even if it went before this process could look: the pid it was given, not the one it
+    finds, is its parent. The variable is not passed on: this process's own children have
+    another parent."""
+    expected = os.environ.pop(PARENT_ENV, "")
+    if expected.isdigit():
+        watch_parent(parent=int(expected))
+
+
+def watch_parent(
+    on_exit: Callable[[], None] | None = None, grace: float = 10.0, parent: int | None = None
+) -> None:
+    """Watch, in a daemon thread, for this process's parent (`parent`: the one it should have)
+    to go (the process is then reparented). Then call `on_exit` (default: SIGTERM to this
+    process, which ends it as a stop does) and, should the process still run `grace` seconds
+    later (blocked in a collective that waits for the dead), end it at once. Polls twice a
+    second."""
+    parent = os.getppid() if parent is None else parent
 
     def watch():
         while os.getppid() == parent:

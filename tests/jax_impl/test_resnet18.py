@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from common import cli, config, data, devices, weights
+from common import cli, config, data, devices, flops, weights
 from jax_impl import resnet18 as r18
 from jax_impl.__main__ import load
 from tests.fixtures import gpu_checks, numerics, runs
@@ -28,7 +28,7 @@ from tests.fixtures import make_resnet18_parity as parity
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
-PARAMS = 11_175_818  # d2l's ResNet-18 (conv biases, no shortcut BN), 1 channel in, 10 classes
+PARAMS = flops.PARAMETERS["resnet18"]  # d2l's ResNet-18 (conv biases, no shortcut BN)
 HOOKS = load("resnet18")[1]  # what python -m jax_impl hands to main: harness.Hooks
 
 

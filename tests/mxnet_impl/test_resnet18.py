@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from mxnet import autograd, gluon, nd
 
-from common import cli, config, data, devices
+from common import cli, config, data, devices, flops
 from mxnet_impl import devices as mdev
 from mxnet_impl import resnet18 as r18
 from mxnet_impl import weights as mweights
@@ -22,7 +22,7 @@ from tests.fixtures import numerics, runs
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 HOOKS = load("resnet18")[1]  # what python -m mxnet_impl hands to main
-PARAMS = 11_175_818  # d2l's ResNet-18 (conv biases, no shortcut BN), 1 channel in, 10 classes
+PARAMS = flops.PARAMETERS["resnet18"]  # d2l's ResNet-18 (conv biases, no shortcut BN)
 
 
 def test_parameter_count_and_names():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from common import cli, config, data, devices, results
+from common import cli, config, data, devices, flops, results
 from tests.fixtures import lenet_reference as ref
 from tests.fixtures import make_lenet_parity, numerics
 from torch_impl import __main__ as tmain
@@ -54,6 +54,11 @@ def check_allreduce(allreduce, n):
     want = torch.arange(12.0).reshape(3, 4) * sum(range(1, n + 1))
     for i, g in enumerate(held):
         assert torch.equal(g, want), f"device {i} does not hold the sum"
+
+
+def test_parameter_count_is_the_one_the_communication_model_uses():
+    params = lenet.init_params(0.01, 0)
+    assert sum(p.numel() for p in params.values()) == flops.PARAMETERS["lenet"]
 
 
 @pytest.mark.multi_device

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common import cli, config, data, devices, weights
+from common import cli, config, data, devices, flops, weights
 from tests.fixtures import gpu_checks, numerics, runs
 from torch_impl import devices as tdev
 from torch_impl import launch
@@ -25,7 +25,7 @@ from torch_impl import resnet18 as r18
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
-PARAMS = 11_175_818  # d2l's ResNet-18 (conv biases, no shortcut BN), 1 channel in, 10 classes
+PARAMS = flops.PARAMETERS["resnet18"]  # d2l's ResNet-18 (conv biases, no shortcut BN)
 sys.path.insert(0, str(FIXTURES))
 import make_resnet18_parity as parity  # noqa: E402
 

@@ -1,0 +1,207 @@
+"""Processes that run together and end together: started (pinned to cores, in a network
+namespace, each in a session of its own), watched, stopped as a group, and ended with one line
+(docs/design.md, "Traps"). Framework-free: MXNet's launcher runs ps-lite's scheduler, servers and
+workers with it, and the cluster in one box (compare/cluster.py) runs one command per node.
+
+A group fails fast: the first member that fails, or a check that finds something wrong (a node
+stopped, a link down), ends the run; every member is then stopped, and the line that says why
+is the failed member's own `error:` line where it left one, else how it ended. Members run in
+sessions of their own, so a Ctrl-C reaches the supervisor only, which stops them itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+POLL_S = 0.2
+TERM_GRACE_S = 5.0  # a member given SIGTERM has this long before SIGKILL
+
+
+class Failed(Exception):
+    """The group failed: `line` says why (one line), `code` is the exit code to end with."""
+
+    def __init__(self, line: str, code: int = 1):
+        super().__init__(line)
+        self.line, self.code = line, code
+
+
+@dataclass
+class Member:
+    name: str
+    popen: subprocess.Popen
+    netns: str | None = None
+    last: list = field(default_factory=lambda: [""])  # its last line of output, to end on
+    tee: threading.Thread | None = None
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+
+class Group:
+    """Members started with `start`, watched with `watch`, stopped with `stop` (and on leaving
+    a `with` block). `what`: the run's name in the lines it ends with. `prefix`: pass members'
+    output through with their name in front (several nodes), else as it is."""
+
+    def __init__(self, what: str, prefix: bool = False):
+        self.what, self.prefix = what, prefix
+        self.members: list[Member] = []
+        self.quiet = threading.Event()  # once failing: the members' dying words are not shown
+
+    def __enter__(self) -> Group:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self, name, cmd, env=None, cores=None, netns=None, capture=True) -> Member:
+        """Start `cmd` as member `name`: in a session of its own, on `cores` (None: this
+        process's), inside network namespace `netns` (`ip netns exec`). `capture`: its output
+        passes through this process (kept to end on), else it writes to the terminal."""
+        argv = ["ip", "netns", "exec", netns, *cmd] if netns else list(cmd)
+        pipe = subprocess.PIPE if capture else None
+        popen = subprocess.Popen(
+            argv,
+            env=env,
+            stdout=pipe,
+            stderr=subprocess.STDOUT if capture else None,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+            preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None,
+        )
+        member = Member(name, popen, netns)
+        if capture:
+            member.tee = threading.Thread(target=self._tee, args=(member,), daemon=True)
+            member.tee.start()
+        self.members.append(member)
+        return member
+
+    def _tee(self, m: Member) -> None:
+        """A member's output, passed through but for its error line (the group ends on it
+        once) and anything after the group began to fail."""
+        for line in m.popen.stdout:
+            if line.strip():
+                m.last[0] = line.strip()
+            if self.quiet.is_set() or line.startswith("error:"):
+                continue
+            with contextlib.suppress(OSError, ValueError):  # our own stderr closed
+                sys.stderr.write(f"[{m.name}] {line}" if self.prefix else line)
+                sys.stderr.flush()
+
+    def watch(
+        self,
+        checks: Sequence[Callable[[], str | None]] = (),
+        deadline: float | None = None,
+        exit_wait: float | None = None,
+    ) -> None:
+        """Until every member has ended well; raise Failed on the first that fails, on a check
+        that returns a reason, past `deadline` s, or (`exit_wait`) when members still run that
+        long after the first ended well."""
+        begun, first_done = time.monotonic(), None
+        while True:
+            running = any(m.alive() for m in self.members)  # before the codes: see _codes
+            self._codes()
+            if not running:
+                return
+            for check in checks:
+                if reason := check():
+                    self.fail(f"error: {self.what}: {reason}; every process was stopped")
+            now = time.monotonic()
+            if first_done is None and any(m.popen.poll() == 0 for m in self.members):
+                first_done = now
+            if exit_wait is not None and first_done is not None and now - first_done > exit_wait:
+                late = ", ".join(m.name for m in self.members if m.alive())
+                self.fail(
+                    f"error: {self.what}: {late} did not exit within {exit_wait:.0f} s after "
+                    "the others finished; stopped"
+                )
+            if deadline is not None and now - begun > deadline:
+                self.fail(f"error: {self.what} did not finish within {deadline:.0f} s; stopped")
+            time.sleep(POLL_S)
+
+    def _codes(self) -> None:
+        """Fail on the first member that ended badly. Every member may end between two looks
+        (a failed worker, then the others that followed it): the codes are read after the look
+        that saw none running too, so a failed run never reads as a finished one."""
+        for m in self.members:
+            rc = m.popen.poll()
+            if rc:
+                self._failed(m, rc)
+
+    def _failed(self, m: Member, rc: int) -> None:
+        self.quiet.set()
+        if m.tee is not None:
+            m.tee.join(2)  # the rest of its output, up to its last line
+        if m.last[0].startswith("error:"):
+            self.fail(m.last[0], rc if rc in (2, 4) else 1)
+        how = f"was killed by {signal.Signals(-rc).name}" if rc < 0 else f"exited with code {rc}"
+        said = f" (its last line: {m.last[0]})" if m.last[0] else ""
+        self.fail(
+            f"error: {self.what} failed: {m.name} (pid {m.popen.pid}) {how}{said}; every "
+            "other process was stopped"
+        )
+
+    def fail(self, line: str, code: int = 1) -> None:
+        """End the group: its members' output is no longer shown, and Failed is raised (the
+        `with` block stops the members)."""
+        self.quiet.set()
+        raise Failed(line, code)
+
+    def stop(self, grace: float = 0.0) -> None:
+        """Stop every member and everything it started: SIGTERM first where `grace` > 0, then
+        SIGKILL to its session, and to every process left in its network namespace."""
+        self.quiet.set()
+        if grace > 0:
+            for m in self.members:
+                _signal(m, signal.SIGTERM)
+            end = time.monotonic() + grace
+            while time.monotonic() < end and any(_left(m) for m in self.members):
+                time.sleep(POLL_S)
+        for m in self.members:
+            _signal(m, signal.SIGKILL)
+        for m in self.members:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                m.popen.wait(5)
+            if m.tee is not None:
+                m.tee.join(2)
+
+
+def _signal(m: Member, sig: int) -> None:
+    """`sig` to the member's session and, in a namespace, to every process there."""
+    pids = netns_pids(m.netns) if m.netns else []
+    if m.alive():  # a reaped pid may belong to someone else by now
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(m.popen.pid, sig)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def _left(m: Member) -> bool:
+    return m.alive() or bool(m.netns and netns_pids(m.netns))
+
+
+def netns_pids(netns: str) -> list[int]:
+    """The processes inside network namespace `netns` (`ip netns pids`)."""
+    out = subprocess.run(
+        ["ip", "netns", "pids", netns], capture_output=True, text=True, timeout=10
+    ).stdout
+    return [int(p) for p in out.split() if p.isdigit()]
+
+
+def stopped(pids: Sequence[int]) -> list[int]:
+    """The processes of `pids` that are stopped (SIGSTOP, SIGTSTP): state T in /proc."""
+    found = []
+    for pid in pids:
+        with contextlib.suppress(OSError, IndexError), open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] in ("T", "t"):  # `pid (comm) state ...`
+                found.append(pid)
+    return found
