@@ -99,14 +99,6 @@ def parser(framework: str) -> argparse.ArgumentParser:
         help="trace the first timed epoch (resnet50: repeat; --ceiling: and its first repeat) "
         "into DIR with the framework's profiler; writes no record",
     )
-    p.add_argument(
-        "--cores-per-device",
-        type=whole_number,
-        default=None,
-        metavar="K",
-        help="give each device K CPU cores of its own and K threads (default: the devices share "
-        "every core this process may use)",
-    )
     _node_options(p)
     p.add_argument(
         "--results", default=str(results.DEFAULT_PATH), help="JSON Lines file to append to"
@@ -118,9 +110,17 @@ def parser(framework: str) -> argparse.ArgumentParser:
 
 
 def _node_options(p: argparse.ArgumentParser) -> None:
-    """torch resnet18 ddp over several machines (check_nodes)."""
+    """Each device's cores; resnet18's engines over several machines (check_nodes)."""
     p.add_argument(
-        "--nnodes", type=whole_number, default=None, help="torch resnet18 ddp: machines in the run"
+        "--cores-per-device",
+        type=whole_number,
+        default=None,
+        metavar="K",
+        help="give each device K CPU cores of its own and K threads (default: the devices share "
+        "every core this process may use)",
+    )
+    p.add_argument(
+        "--nnodes", type=whole_number, default=None, help="resnet18: machines in the run"
     )
     p.add_argument(
         "--node-rank", type=whole_number, default=None, help="this machine: 0 .. nnodes - 1"

@@ -22,6 +22,7 @@ from common import config, supervise
 PREFIX = "mdt"  # every namespace this project makes: mdt<pid>-n<i>, mdt<pid>-sw
 IFACE = "mdt0"  # each node's interface
 SUBNET = "10.213.0"
+BURST_S = 0.004  # seconds of traffic a token bucket holds
 RATES = {"unlimited": None, "10gbit": 10e9, "1gbit": 1e9, "100mbit": 100e6}
 
 
@@ -120,9 +121,10 @@ class Network:
                 self._limit(self.switch, port)
 
     def _limit(self, ns: str, dev: str) -> None:
-        """tbf at the link's rate; its bucket holds 4 ms of traffic (at least 64 KiB), so that
-        the rate holds over a step's bursts and a 10gbit bucket is not smaller than a packet."""
-        burst = max(64 << 10, int(rate_bps(self.rate) / 8 * 0.004))
+        """tbf at the link's rate; its bucket holds BURST_S of traffic (at least 64 KiB): no
+        smaller than what the kernel hands it at once (a timer tick, a segmentation-offload
+        packet), which would cap a fast link below its rate."""
+        burst = max(64 << 10, int(rate_bps(self.rate) / 8 * BURST_S))
         tc = ["tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", self.rate]
         _ip("netns", "exec", ns, *tc, "burst", str(burst), "latency", "100ms")
 

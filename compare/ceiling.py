@@ -123,7 +123,7 @@ def ceiling_table(workload: str, entries: list[Entry], ceilings: list[Entry], en
         body.append(
             [
                 c.rec.framework,
-                training.label if training else _unpaired(c),
+                strategy_cell(training) if training else _unpaired(c),
                 time_cell(training),
                 time_cell(c),
                 fmt_step(c.rec.extra.get("s_per_step"), steps),
@@ -138,6 +138,13 @@ def ceiling_table(workload: str, entries: list[Entry], ceilings: list[Entry], en
         "apart (a ceiling record of its own), the ratio of the two medians."
     ]
     return Table(f"{workload}: training loop vs ceiling", headers, body, notes)
+
+
+def strategy_cell(e: Entry) -> str:
+    """The training row's label, with its cores per device where it had its own: the same
+    framework and label on shared cores is another row."""
+    cores = e.cores_per_device
+    return e.label if cores is None else f"{e.label} ({cores} core(s)/device)"
 
 
 def fmt_step(per_step, steps: str) -> str:

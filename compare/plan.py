@@ -29,6 +29,9 @@ class Run:
     # bf16 arithmetic (devices.cpu_has_bf16); "cpu-bf16": such a CPU, never a GPU
     needs: str | None = None
     why: str = ""
+    # On a CPU: each device with cores of its own (--cores-per-device, PINNED_FLAGS), so that
+    # the 1- and 2-device runs of a row compare like with like; on GPUs, a plain run.
+    pinned: bool = False
 
 
 # The run list. On a machine with fewer accelerators than `gpus`, a row is skipped with a reason.
@@ -46,12 +49,22 @@ MX_BF16 = (
     "MXNet's bf16 kernels are oneDNN's, for CPUs only: they fail on AVX2, and emulated on AVX-512 "
     "without AVX512_BF16 they were measured 2.6x slower than float32 (docs/design.md, Traps)"
 )
+# The scaling runs on a CPU time fewer steps than the 1-device comparison (the records say so:
+# epochs, steps_timed): lenet 3 epochs, resnet18 5 steps per epoch, extrapolated.
+PINNED_FLAGS = {
+    "lenet": ("--epochs", "3"),
+    "resnet18": ("--steps-per-epoch", "5"),
+    "resnet50": (),
+}
+PINNED_1 = "only on a CPU: the 1-device baseline of the 2-device run, on one device's cores"
 RUNS: tuple[Run, ...] = (
     Run("lenet", 1, ALL, None),
-    Run("lenet", 2, ALL, None),
+    Run("lenet", 1, ALL, None, (), "cpu", PINNED_1, pinned=True),
+    Run("lenet", 2, ALL, None, pinned=True),
     Run("lenet", 1, ("torch",), None, COMPILED),
     Run("resnet18", 1, ("torch",), "ddp"),
-    Run("resnet18", 2, ("torch",), "ddp"),
+    Run("resnet18", 1, ("torch",), "ddp", (), "cpu", PINNED_1, pinned=True),
+    Run("resnet18", 2, ("torch",), "ddp", pinned=True),
     Run("resnet18", 1, ("torch",), "ddp", BF16, "bf16", BF16_WHY),
     Run("resnet18", 1, ("torch",), "ddp", COMPILED),
     Run("resnet18", 1, ("torch",), "ddp", COMPILED + BF16, "bf16", BF16_WHY),
@@ -59,17 +72,22 @@ RUNS: tuple[Run, ...] = (
     Run("resnet18", 2, ("torch",), "dataparallel", (), "cuda", DP_CUDA),
     Run("resnet18", 1, ("torch",), "dataparallel", COMPILED, "cuda", DP_CUDA),
     Run("resnet18", 1, ("jax",), "sharding"),
-    Run("resnet18", 2, ("jax",), "sharding"),
+    Run("resnet18", 1, ("jax",), "sharding", (), "cpu", PINNED_1, pinned=True),
+    Run("resnet18", 2, ("jax",), "sharding", pinned=True),
     Run("resnet18", 1, ("jax",), "sharding", BF16, "bf16", BF16_WHY),
     Run("resnet18", 1, ("jax",), "pmap"),
-    Run("resnet18", 2, ("jax",), "pmap"),
+    Run("resnet18", 1, ("jax",), "pmap", (), "cpu", PINNED_1, pinned=True),
+    Run("resnet18", 2, ("jax",), "pmap", pinned=True),
     Run("resnet18", 1, ("mxnet",), "gluon"),
-    Run("resnet18", 2, ("mxnet",), "gluon"),
+    Run("resnet18", 1, ("mxnet",), "gluon", (), "cpu", PINNED_1, pinned=True),
+    Run("resnet18", 2, ("mxnet",), "gluon", pinned=True),
+    Run("resnet18", 1, ("mxnet",), "dist", (), "cpu", PINNED_1, pinned=True),
+    Run("resnet18", 2, ("mxnet",), "dist", pinned=True),
     Run("resnet18", 1, ("mxnet",), "gluon", BF16, "cpu-bf16", MX_BF16),
-    Run("resnet50", 2, ALL, None),  # single, model_parallel, pipeline
-    Run("resnet50", 2, ALL, None, ("--sweep",)),  # split_size sweep
-    Run("resnet50", 2, ("torch",), "gpipe"),
-    Run("resnet50", 2, ("torch",), "1f1b"),
+    Run("resnet50", 2, ALL, None, pinned=True),  # single, model_parallel, pipeline
+    Run("resnet50", 2, ALL, None, ("--sweep",), pinned=True),  # split_size sweep
+    Run("resnet50", 2, ("torch",), "gpipe", pinned=True),
+    Run("resnet50", 2, ("torch",), "1f1b", pinned=True),
     Run(
         "resnet50",
         1,
@@ -91,6 +109,18 @@ RUNS: tuple[Run, ...] = (
 )
 
 
+MAX_DEVICES = 2  # the most devices a run of the plan asks for
+
+
+def _step(fw: str, run: Run, platform: str, cpu_cores: int) -> Step:
+    """The command of `run` for `fw`: on a CPU, a pinned run gives each of up to MAX_DEVICES
+    devices its share of the cores, and times fewer steps (PINNED_FLAGS)."""
+    if not (run.pinned and platform == "cpu"):
+        return Step(fw, run.workload, run.gpus, run.strategy, run.flags)
+    flags = (*run.flags, *PINNED_FLAGS[run.workload])
+    return Step(fw, run.workload, run.gpus, run.strategy, flags, max(1, cpu_cores // MAX_DEVICES))
+
+
 class PlanError(ValueError):
     """An impossible request: one line for the user."""
 
@@ -104,20 +134,24 @@ class Step:
     gpus: int
     strategy: str | None
     flags: tuple[str, ...]
+    cores: int | None = None  # cores per device (--cores-per-device); None: shared cores
 
     def args(self, platform: str, preset: str, results: str) -> list[str]:
         argv = ["-m", f"{self.framework}_impl", "--workload", self.workload]
         argv += ["--gpus", str(self.gpus), "--platform", platform, "--preset", preset]
         if self.strategy:
             argv += ["--strategy", self.strategy]
-        if self.gpus == 1 and self.workload in CEILING_WORKLOADS:
+        if self.cores:
+            argv += ["--cores-per-device", str(self.cores)]
+        elif self.gpus == 1 and self.workload in CEILING_WORKLOADS:
             argv += ["--ceiling"]
         return [*argv, *self.flags, "--results", results, "--no-progress"]
 
     def describe(self) -> str:
         what = self.strategy or "default strategies"
         flags = " " + " ".join(self.flags) if self.flags else ""
-        return f"{self.framework} {self.workload} on {self.gpus} device(s), {what}{flags}"
+        cores = f", {self.cores} core(s) per device" if self.cores else ""
+        return f"{self.framework} {self.workload} on {self.gpus} device(s){cores}, {what}{flags}"
 
 
 @dataclass(frozen=True)
@@ -136,9 +170,11 @@ def make_plan(
     accelerators: int,
     preset: str | None = None,
     cpu_bf16: bool = False,
+    cpu_cores: int = 2,
 ) -> Plan:
-    """The runs for this machine: a pure function of the request, the accelerator count and
-    whether the CPU has bf16 arithmetic (devices.cpu_has_bf16)."""
+    """The runs for this machine: a pure function of the request, the accelerator count,
+    whether the CPU has bf16 arithmetic (devices.cpu_has_bf16) and the cores it may use (on a
+    CPU, the 2-device runs take half of them per device)."""
     for fw in frameworks:
         if fw not in ALL:
             raise PlanError(f"unknown framework {fw!r}; choose from {', '.join(ALL)}")
@@ -163,10 +199,14 @@ def make_plan(
             for run in RUNS:
                 if run.workload != workload or fw not in run.frameworks:
                     continue
-                step = Step(fw, workload, run.gpus, run.strategy, run.flags)
+                step = _step(fw, run, resolved, cpu_cores)
                 if run.needs == "1gpu" and not (resolved == "gpu" and accelerators == 1):
                     continue  # a stand-in for the 2-device runs, where those cannot run
-                if run.needs == "cuda" and resolved != "gpu":
+                if run.needs == "cpu" and resolved != "cpu":
+                    continue  # a CPU's scaling baseline: a GPU is a device of its own already
+                if run.pinned and resolved == "cpu" and cpu_cores < MAX_DEVICES:
+                    skipped.append((step, f"needs {MAX_DEVICES} cores: one per device"))
+                elif run.needs == "cuda" and resolved != "gpu":
                     skipped.append((step, f"needs CUDA: {run.why}"))
                 elif run.needs == "bf16" and not (resolved == "gpu" or cpu_bf16):
                     skipped.append((step, f"needs bf16 arithmetic: {run.why}"))

@@ -13,6 +13,7 @@ from matplotlib.figure import Figure
 
 from compare import pipeline_model
 from compare.model_report import RowFit
+from compare.scaling import fmt_bits
 from compare.tables import DpRow, R50Row, decimals, device_counts
 
 COLORS = {"torch": "#ee4c2c", "jax": "#4a7bd0", "mxnet": "#2ca02c"}
@@ -70,7 +71,7 @@ def sec_bars(
         if n == 1 and ceilings:
             _ceiling_marks(ax, bars, [rows[i] for i, _ in shown], ceilings)
     # One line per part of the label ("ddp", "+bf16", "+compiled"): long labels do not collide.
-    ax.set_xticks(x, [f"{r.framework}\n" + r.label.replace("+", "\n+") for r in rows])
+    ax.set_xticks(x, [f"{r.framework}\n" + r.label.replace("+", "\n+") + _cores(r) for r in rows])
     ax.set_ylabel("sec/epoch (median, std)")
     extrapolated = any(e.rec.extrapolated for r in rows for e in r.cells.values())
     ax.set_title(title + ("\nhatched: extrapolated from fewer steps" if extrapolated else ""))
@@ -154,7 +155,8 @@ def _bar_text(b: dict) -> str:
 
 
 def scaling(path: Path, title: str, rows: list[DpRow]) -> Path | None:
-    """Speedup against the same row's 1-device time, with the ideal line."""
+    """Speedup against the same row's 1-device time, with the ideal line: only the rows whose
+    devices had hardware of their own and ran at once (DpRow.speedup is None for the others)."""
     lines = []
     for row in rows:
         points = [(n, row.speedup(n)[0]) for n in sorted(row.cells) if row.speedup(n)]
@@ -176,7 +178,8 @@ def scaling(path: Path, title: str, rows: list[DpRow]) -> Path | None:
             marker=MARKERS[i % len(MARKERS)],
             linestyle=("-", "--", ":", "-.")[k % 4],
             color=_color(row.framework, i),
-            label=f"{row.framework} {row.label}" + (" *" if row.extrapolated(*n) else ""),
+            label=f"{row.framework} {row.label}{_cores_label(row)}"
+            + (" *" if row.extrapolated(*n) else ""),
         )
     ax.set_xticks(counts)
     ax.set_xlabel("devices")
@@ -184,6 +187,15 @@ def scaling(path: Path, title: str, rows: list[DpRow]) -> Path | None:
     ax.set_title(title)
     ax.legend(fontsize="small")
     return _save(fig, path)
+
+
+def _cores_label(row: DpRow) -> str:
+    return "" if row.cores is None else f", {row.cores} core(s)/device"
+
+
+def _cores(row: DpRow) -> str:
+    """A tick label's last line: a row pinned to its own cores beside the same on shared ones."""
+    return "" if row.cores is None else f"\n{row.cores} core(s)/dev"
 
 
 def accuracy(path: Path, title: str, rows: list[DpRow]) -> Path | None:
@@ -205,7 +217,7 @@ def accuracy(path: Path, title: str, rows: list[DpRow]) -> Path | None:
             marker=MARKERS[i % len(MARKERS)],
             linestyle="-" if n == 1 else "--",
             color=_color(row.framework, i),
-            label=f"{row.framework} {row.label}, {n} dev",
+            label=f"{row.framework} {row.label}, {n} dev{_cores_label(row)}",
         )
     ax.set_xlabel("epoch")
     ax.set_ylabel("test accuracy")
@@ -213,6 +225,36 @@ def accuracy(path: Path, title: str, rows: list[DpRow]) -> Path | None:
     ax.set_title(title)
     # Outside the axes: a dozen curves leave no corner of the plot free.
     fig.legend(loc="outside right upper", fontsize="small")
+    return _save(fig, path)
+
+
+def nodes(path: Path, title: str, lines) -> Path | None:
+    """Seconds per step against the link's rate (bit/s, log scale; a link without a rate at the
+    throughput measured over it), one line per engine and node count, its model dashed and its
+    1-node step dotted (compare/scaling_report.py's Line)."""
+    if not lines:
+        return None
+    fig = _figure(7.5, 4.5)
+    ax = fig.add_subplot()
+    for i, line in enumerate(lines):
+        color = _color(line.framework, i)
+        x, y = zip(*line.measured, strict=True)
+        ax.plot(x, y, marker=MARKERS[i % len(MARKERS)], color=color, label=line.label)
+        if line.model:
+            mx, my = zip(*line.model, strict=True)
+            label = f"{line.label}: {line.model_name} model"
+            ax.plot(mx, my, "--", marker="x", color=color, label=label)
+        if line.compute is not None:
+            ax.axhline(line.compute, color=color, linestyle=":", linewidth=1)
+    # the rates themselves as ticks: a log axis's own labels are mathtext, drawn here as written
+    rates = sorted({x for line in lines for x, _ in line.measured})
+    ax.set_xscale("log")
+    ax.set_xticks(rates, [fmt_bits(x) for x in rates])
+    ax.minorticks_off()
+    ax.set_xlabel("link rate (log scale; unlimited: its measured throughput)")
+    ax.set_ylabel("seconds per step")
+    ax.set_title(title + "\ndotted: the engine's 1-node step")
+    ax.legend(fontsize="small")
     return _save(fig, path)
 
 

@@ -30,6 +30,14 @@ PRIORS: dict[tuple[str, str], tuple[float, float, float]] = {
     ("resnet50", "cpu"): (60, 60, 140),
     ("resnet50", "full"): (20, 40, 200),
 }
+# A CPU's scaling runs (a core per device, fewer steps: compare/plan.py PINNED_FLAGS), on 1 and
+# 2 devices; resnet50's are its 2-device runs above.
+PINNED_PRIORS: dict[tuple[str, str], tuple[float, float]] = {
+    ("lenet", "smoke"): (10, 10),
+    ("lenet", "cpu"): (120, 90),
+    ("resnet18", "smoke"): (15, 15),
+    ("resnet18", "cpu"): (150, 130),
+}
 UNKNOWN_PRIOR = 60.0  # a workload or preset the table does not know yet
 
 
@@ -38,6 +46,8 @@ def prior(step: Step, preset: str) -> float:
     one, two, sweep = PRIORS.get((step.workload, preset), (UNKNOWN_PRIOR,) * 3)
     if "--sweep" in step.flags:
         return float(sweep)
+    if step.cores and (step.workload, preset) in PINNED_PRIORS:
+        one, two = PINNED_PRIORS[step.workload, preset]
     return float(one if step.gpus == 1 else two)
 
 

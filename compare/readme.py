@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common import results
-from compare import ceiling, figure, model_report, records, tables
+from compare import ceiling, figure, model_report, records, side_tables, tables
 from compare.records import Entry, Machine
 from compare.render import markdown_table
 from compare.tables import DASH, STAR, Table
@@ -191,16 +191,19 @@ def busy(e: Entry | None) -> str | None:
     """The GPU's utilisation (NVML) of a record, if it has one."""
     if e is None or e.rec.extra.get("utilization_source") != "nvml":
         return None
-    return f"{tables.fmt_percent(e.rec.extra.get('utilization'))}%"
+    return f"{side_tables.fmt_percent(e.rec.extra.get('utilization'))}%"
 
 
 def dp_table(workload: str, entries: list[Entry], ceilings: list[Entry] = ()) -> Table:
-    """lenet, resnet18: test accuracy, sec/epoch on every device count, speedup, GPU busy, and
-    where a ceiling was measured, the 1-device run against it (compare/ceiling.py)."""
+    """lenet, resnet18: test accuracy, sec/epoch on every device count, speedup where the runs
+    are alike (tables.DpRow.unlike), GPU busy, and where a ceiling was measured, the 1-device
+    run against it (compare/ceiling.py)."""
     rows = tables.dp_rows(entries)
     counts = tables.device_counts(rows)
     with_busy = [n for n in counts if any(busy(r.cells.get(n)) for r in rows)]
-    headers = [workload_title(workload, entries), f"test acc ({' / '.join(map(str, counts))} dev)"]
+    pinned = any(row.cores is not None for row in rows)  # a cores/device column only then
+    headers = [workload_title(workload, entries)] + (["cores/device"] if pinned else [])
+    headers.append(f"test acc ({' / '.join(map(str, counts))} dev)")
     headers += [f"sec/epoch ({n} dev)" for n in counts]
     multi = [n for n in counts if n > 1]
     headers += [f"speedup ({n} dev)" for n in multi]
@@ -211,27 +214,32 @@ def dp_table(workload: str, entries: list[Entry], ceilings: list[Entry] = ()) ->
     body = []
     for row, c in zip(rows, tops, strict=True):
         found = [row.cells.get(n) for n in counts]
-        cells = [f"{row.framework} {row.label}"]
+        cells = [f"{row.framework} {row.label}"] + ([tables.cores_text(row)] if pinned else [])
         cells.append(" / ".join(tables.fmt_acc(tables.acc_of(e)) for e in found))
         cells += [tables.time_cell(e) for e in found]
-        for n in multi:
-            s = row.speedup(n)
-            cells.append(tables.fmt_speedup(s and s[0], row.extrapolated(1, n)))
+        cells += [row.scaling_cell(n) for n in multi]
         cells += [busy(row.cells.get(n)) or DASH for n in with_busy]
         if any(tops):
             x = c and ceiling.ratio(row.cells.get(1), c)
             cells += [tables.time_cell(c), DASH if x is None else f"{x:.2f}x"]
         body.append(cells)
+    return Table(workload, headers, body, dp_notes(entries, rows, with_busy, any(tops), pinned))
+
+
+def dp_notes(entries, rows, with_busy, tops: bool, pinned: bool) -> list[str]:
     notes = []
     if any(e.rec.extrapolated for e in entries):
         notes.append(f"{STAR} extrapolated: the epoch time is projected from the timed steps.")
+    if pinned:
+        notes.append(tables.CORES_NOTE)
+    notes += tables.unlike_notes(rows)
     if with_busy:
         notes.append("GPU busy: mean NVML utilisation over the timed epochs.")
-    if any(tops):
+    if tops:
         notes.append(CEILING_NOTE)
     if any(e.diverged for e in entries):
         notes.append(tables.DIVERGED_NOTE)
-    return Table(workload, headers, body, notes)
+    return notes
 
 
 R50_COLUMNS = ("single", "model_parallel", "pipeline", "best split", "gpipe", "1f1b")

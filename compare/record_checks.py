@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from common import results
+from common import cores, results
 from common.results import Record
 
 WORKLOADS = ("lenet", "resnet18", "resnet50")
@@ -17,6 +17,10 @@ SHARED_DEVICE = "stages_share_device"
 # The strategy of a ceiling record (python -m <fw>_impl.ceiling, common/ceiling.py): not a
 # training run, so it is kept out of the training tables and shown against them.
 CEILING = "ceiling"
+# extra.execution: how a run's devices ran (common/cores.py). `sequential` (one process stepping
+# its CPU devices one after another) can be no speedup, however many cores each device had.
+EXECUTIONS = cores.EXECUTIONS
+SEQUENTIAL = "sequential"
 MAX_DEVICES = 1 << 16  # far past any machine's devices: a larger count is junk, not a run
 MAX_COUNT = 1 << 31  # likewise for batch sizes, epochs, steps, split sizes and repeats
 
@@ -25,7 +29,8 @@ def problem(rec: Record) -> str | None:
     """Why a well-formed record still cannot be shown, or None. Every field the report reads is
     checked here, so that a hand-edited or foreign record is left out with its reason instead
     of ending the report in a traceback."""
-    for check in (_schema_problem, run_problem, _measured, extra_problem, origin_problem):
+    checks = (_schema_problem, run_problem, _measured, extra_problem, cores_problem)
+    for check in (*checks, cluster_problem, origin_problem):
         why = check(rec)
         if why is not None:
             return why
@@ -133,6 +138,76 @@ def extra_problem(rec: Record) -> str | None:
     if why is None and c.get("steps_timed") is not None:
         why = _count_problem("extra.ceiling.steps_timed", c["steps_timed"])
     return why
+
+
+def cores_problem(rec: Record) -> str | None:
+    """Why what a record says of its CPU cores (extra.cores_per_device, cores_used, execution)
+    cannot be shown, or None. Runs after extra_problem: extra is an object."""
+    extra = rec.extra
+    per_device = extra.get("cores_per_device")
+    if per_device is not None and _count_problem("", per_device, MAX_DEVICES):
+        return _count_problem("extra.cores_per_device", per_device, MAX_DEVICES)
+    used = extra.get("cores_used")
+    if used is not None and not (
+        isinstance(used, list) and all(_whole(c) and c >= 0 for c in used)
+    ):
+        return f"extra.cores_used must be a list of CPU numbers (>= 0), got {_shown(used)}"
+    execution = extra.get("execution")
+    if execution is not None and execution not in EXECUTIONS:
+        return f"extra.execution must be one of {', '.join(EXECUTIONS)}, got {_shown(execution)}"
+    return None
+
+
+def cluster_problem(rec: Record) -> str | None:
+    """Why a run of the cluster in one box (extra.nodes, link, link_bytes, gradient_bytes,
+    engine) cannot be shown, or None; a record without extra.nodes is no cluster run."""
+    extra = rec.extra
+    nodes = extra.get("nodes")
+    if nodes is None:
+        return None
+    why = _count_problem("extra.nodes", nodes, MAX_DEVICES)
+    if why is None and _whole(rec.devices) and nodes > rec.devices:
+        why = f"extra.nodes ({nodes}) is more than the run's {rec.devices} device(s)"
+    why = why or link_problem(extra.get("link"), nodes)
+    why = why or link_bytes_problem(extra.get("link_bytes"))
+    grad = extra.get("gradient_bytes")
+    if why is None and grad is not None and not (_whole(grad) and grad >= 1):
+        why = f"extra.gradient_bytes must be a whole number >= 1, got {_shown(grad)}"
+    engine = extra.get("engine")
+    if why is None and engine is not None and not _text(engine):
+        why = f"extra.engine must be a string, got {_shown(engine)}"
+    return why
+
+
+def link_problem(link, nodes: int) -> str | None:
+    """Why extra.link (the link between the nodes) cannot be shown, or None; a run on one node
+    needs none."""
+    if link is None:
+        return None if nodes == 1 else f"a run on {nodes} nodes needs extra.link"
+    if not isinstance(link, dict):
+        return "extra.link is not an object"
+    if not _text(link.get("name")):
+        return f"extra.link.name must be a string, got {_shown(link.get('name'))}"
+    for name in ("rate_bps", "measured_bps"):
+        if link.get(name) is not None and not positive(link[name]):
+            return f"extra.link.{name} must be a number > 0 or null, got {_shown(link[name])}"
+    latency = link.get("latency_s")
+    if latency is not None and not (_number(latency) and latency >= 0):
+        return f"extra.link.latency_s must be a number >= 0 or null, got {_shown(latency)}"
+    return None
+
+
+def link_bytes_problem(counts) -> str | None:
+    """Why extra.link_bytes ({"tx", "rx", "steps"}) cannot be shown, or None."""
+    if counts is None:
+        return None
+    if not isinstance(counts, dict):
+        return "extra.link_bytes is not an object"
+    for name in ("tx", "rx"):
+        value = counts.get(name)
+        if not (_whole(value) and value >= 0):
+            return f"extra.link_bytes.{name} must be a whole number >= 0, got {_shown(value)}"
+    return _count_problem("extra.link_bytes.steps", counts.get("steps"))
 
 
 def origin_problem(rec: Record) -> str | None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from common import results
 from common.results import Record
 from compare.record_checks import CEILING, SHARED_DEVICE, positive, problem
+from compare.record_checks import EXECUTIONS as EXECUTIONS  # where the others look for it
 from compare.record_checks import WORKLOADS as WORKLOADS  # where the others look for it
 
 FRAMEWORK_ORDER = ("torch", "jax", "mxnet")
@@ -44,6 +45,31 @@ class Entry:
         # (str(): an unusable record's strategy, a number say, is still named when left out)
         label = str(self.rec.strategy) + (f"+{amp}" if amp and amp != "off" else "")
         return label + ("+compiled" if extra.get("compiled") is True else "")
+
+    @property
+    def cores_per_device(self) -> int | None:
+        """The CPU cores each device had to itself (extra.cores_per_device); None: the devices
+        shared the process's cores."""
+        return self._extra().get("cores_per_device")
+
+    @property
+    def execution(self) -> str | None:
+        """How the devices ran (extra.execution): one of EXECUTIONS, or None (not said)."""
+        return self._extra().get("execution")
+
+    @property
+    def nodes(self) -> int | None:
+        """The cluster's node count (extra.nodes); None for a run that is no cluster run."""
+        return self._extra().get("nodes")
+
+    @property
+    def link_name(self) -> str | None:
+        """The name of the link between the cluster's nodes (extra.link.name), if any."""
+        link = self._extra().get("link")
+        return link.get("name") if isinstance(link, dict) else None
+
+    def _extra(self) -> dict:
+        return self.rec.extra if isinstance(self.rec.extra, dict) else {}
 
     @property
     def stats(self) -> dict:
@@ -89,6 +115,9 @@ class Entry:
             r.split_size,
             self.sweep,
             self.shares_device,
+            self.cores_per_device,
+            self.nodes,
+            self.link_name,
             hardware_key(r),
         )
 
@@ -112,6 +141,10 @@ class Entry:
         split = f", split {r.split_size}" if r.split_size is not None else ""
         sweep = " (sweep)" if self.sweep else ""
         shared = ", stages share one device" if self.shares_device else ""
+        cores = self.cores_per_device
+        shared += "" if cores is None else f", {cores} core(s) per device"
+        if self.nodes is not None:
+            shared += f", {self.nodes} node(s) over link {self.link_name or '?'}"
         return (
             f"{r.framework} {r.workload} {self.label}{sweep}{split}, "
             f"{r.devices} device(s){shared}, "
@@ -197,7 +230,14 @@ class Machine:
         return f"{self.hardware}, preset {self.preset}"
 
     def workload(self, name: str) -> list[Entry]:
-        return [e for e in self.entries if e.rec.workload == name]
+        """The records of one workload on one machine; the cluster's runs (extra.nodes) have a
+        section of their own, so they are not among them."""
+        return [e for e in self.entries if e.rec.workload == name and e.nodes is None]
+
+    @property
+    def cluster(self) -> list[Entry]:
+        """The runs of the cluster in one box (extra.nodes), of every workload."""
+        return [e for e in self.entries if e.nodes is not None]
 
 
 def machines(

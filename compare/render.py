@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import html
 import os
 import re
@@ -232,3 +233,43 @@ def literal_plot_text() -> Iterator[None]:
 
     with matplotlib.rc_context({"text.parse_math": False, "text.usetex": False}):
         yield
+
+
+# --- the report's folder: whether it can be written, and what a failure left there ----------
+
+
+def check_out(out: Path) -> None:
+    """Refuse an output folder the report could not be written into (raises OSError)."""
+    parent = next((p for p in out.parents if p.exists()), Path("."))
+    problem = None
+    if out.exists() and not out.is_dir():
+        problem = "is not a folder"
+    elif out.exists() and not os.access(out, os.W_OK | os.X_OK):
+        problem = "is not writable"
+    elif (out / "report.md").exists() and not os.access(out / "report.md", os.W_OK):
+        problem = "holds a report.md that is not writable"
+    elif not out.exists() and not parent.is_dir():
+        problem = f"cannot be created: {parent} is not a folder"
+    elif not out.exists() and not os.access(parent, os.W_OK | os.X_OK):
+        problem = f"cannot be created: {parent} is not writable"
+    if problem:
+        raise OSError(f"{out} {problem}; choose another --out (REPORTS=)")
+
+
+def unchanged(out: Path | None) -> str:
+    """Said when a report is refused: the previous one in `out` was not overwritten."""
+    md = out / "report.md" if out is not None else None
+    return f"; {md} left as it was" if md is not None and md.exists() else ""
+
+
+def not_written(out: Path, e: OSError) -> str:
+    """One line: why the report could not be written, what was kept, and what to do."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return (
+            f"no space left on device writing the report into {out}{unchanged(out)}; "
+            "free space and run again"
+        )
+    return (
+        f"cannot write the report into {out} ({e.strerror or e}){unchanged(out)}; "
+        "choose another --out (REPORTS=)"
+    )

@@ -9,8 +9,6 @@ comparable group (preset, platform, hardware); the report lists every record it 
 from __future__ import annotations
 
 import argparse
-import errno
-import os
 import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -18,9 +16,19 @@ from functools import partial
 from pathlib import Path
 
 from common import config, devices
-from compare import ceiling, model_report, records, render, summary, tables, throughput
+from compare import (
+    ceiling,
+    model_report,
+    records,
+    render,
+    scaling_report,
+    side_tables,
+    summary,
+    tables,
+    throughput,
+)
 from compare.records import Entry, LeftOut, Machine
-from compare.render import Doc
+from compare.render import Doc, check_out, not_written, unchanged
 from compare.tables import R50Row, Table
 
 EXIT_NO_RESULTS = 1
@@ -73,24 +81,6 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
 
 
-def check_out(out: Path) -> None:
-    """Refuse an output folder the report could not be written into (raises OSError)."""
-    parent = next((p for p in out.parents if p.exists()), Path("."))
-    problem = None
-    if out.exists() and not out.is_dir():
-        problem = "is not a folder"
-    elif out.exists() and not os.access(out, os.W_OK | os.X_OK):
-        problem = "is not writable"
-    elif (out / "report.md").exists() and not os.access(out / "report.md", os.W_OK):
-        problem = "holds a report.md that is not writable"
-    elif not out.exists() and not parent.is_dir():
-        problem = f"cannot be created: {parent} is not a folder"
-    elif not out.exists() and not os.access(parent, os.W_OK | os.X_OK):
-        problem = f"cannot be created: {parent} is not writable"
-    if problem:
-        raise OSError(f"{out} {problem}; choose another --out (REPORTS=)")
-
-
 @dataclass
 class Loaded:
     """The records read, and what became of each: shown (in a machine group) or left out."""
@@ -138,12 +128,6 @@ def load(paths, preset=None, platform=None, out: Path | None = None) -> Loaded |
         return None
     envs = records.environments(kept)
     return Loaded(entries, warnings, invalid, superseded, left, kept, machines, envs)
-
-
-def unchanged(out: Path | None) -> str:
-    """Said when a report is refused: the previous one in `out` was not overwritten."""
-    md = out / "report.md" if out is not None else None
-    return f"; {md} left as it was" if md is not None and md.exists() else ""
 
 
 @dataclass
@@ -204,19 +188,6 @@ def compose(paths, data: Loaded, out: Path, notes, echo) -> tuple[Doc, Table, li
     return doc, best, sections
 
 
-def not_written(out: Path, e: OSError) -> str:
-    """One line: why the report could not be written, what was kept, and what to do."""
-    if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return (
-            f"no space left on device writing the report into {out}{unchanged(out)}; "
-            "free space and run again"
-        )
-    return (
-        f"cannot write the report into {out} ({e.strerror or e}){unchanged(out)}; "
-        "choose another --out (REPORTS=)"
-    )
-
-
 def terminal(sections: list[Section], data: Loaded, written: list[Path], echo) -> None:
     """The main tables, the first warnings, and what was written."""
     for s in sections:
@@ -253,7 +224,19 @@ def machine_section(doc: Doc, machine: Machine, out: Path, data: Loaded) -> list
         else:
             dp_section(doc, s, out / machine.slug, data.envs)
         sections.append(s)
+    if machine.cluster:
+        s = Section(machine, "nodes", machine.cluster)
+        draw = partial(nodes_plot, doc, s, out / machine.slug, data.envs)
+        scaling_report.section(doc, s.entries, data.kept, draw)
+        sections.append(s)
     return sections
+
+
+def nodes_plot(doc: Doc, s: Section, out: Path, envs, workload: str, lines, used) -> None:
+    """The cluster's plot of one workload (scaling_report.section draws it after its table)."""
+    what = f"{workload}: seconds per step against the link's rate, dashed: the model"
+    path = plots().nodes(out / f"{workload}_nodes.png", f"{what}\n{s.machine.title}", lines)
+    add_figure(doc, s, path, what, used, envs)
 
 
 def dp_section(doc: Doc, s: Section, out: Path, envs: dict[str, str]) -> None:
@@ -263,7 +246,7 @@ def dp_section(doc: Doc, s: Section, out: Path, envs: dict[str, str]) -> None:
         return
     rows = tables.dp_rows(s.entries)
     s.table = tables.dp_table(s.workload, rows, envs)
-    s.terminal = tables.dp_terminal(rows)
+    s.terminal = side_tables.dp_terminal(rows)
     doc.table(s.table)
     ceiling_table = ceiling.ceiling_table(s.workload, s.entries, s.machine.ceilings, envs)
     if ceiling_table is not None:
@@ -271,7 +254,7 @@ def dp_section(doc: Doc, s: Section, out: Path, envs: dict[str, str]) -> None:
         doc.para(ceiling.EXPLANATION)
         doc.table(ceiling_table)
     flops_section(doc, s.workload, s.entries)
-    extras = tables.extras_table(f"{s.workload} memory and utilisation", rows)
+    extras = side_tables.extras_table(f"{s.workload} memory and utilisation", rows)
     if extras is not None:
         doc.heading(4, "Memory and utilisation")
         doc.table(extras)
@@ -311,7 +294,7 @@ def resnet50_section(doc: Doc, s: Section, out: Path, envs: dict[str, str]) -> l
         return []
     rows, left = tables.r50_rows(s.entries)
     s.table = tables.r50_table(s.workload, rows, envs)
-    s.terminal = tables.r50_terminal(s.table)
+    s.terminal = side_tables.r50_terminal(s.table)
     doc.table(s.table)
     shown = [e for row in rows for e in row.entries()]
     flops_section(doc, s.workload, shown)

@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None, runner=stream, echo=print) -> int:
         if args.assume_gpus is not None and (not args.dry_run or args.assume_gpus < 0):
             raise PlanError("--assume-gpus N (N >= 0) only plans: add --dry-run")
         wanted = (args.frameworks, args.workloads, args.platform, gpus, args.preset)
-        plan = make_plan(*wanted, devices.cpu_has_bf16())
+        plan = make_plan(*wanted, devices.cpu_has_bf16(), devices.cores_allowed())
         unset = {} if args.python else not_set_up(args.frameworks, Path(args.venv))
         plan = without(plan, unset)
         chosen = select(plan, args.steps)
@@ -246,9 +246,11 @@ def main(argv: list[str] | None = None, runner=stream, echo=print) -> int:
     except OSError as e:
         print(f"error: cannot write the report: {e}", file=sys.stderr)
         return 2
-    note = devices.notice(devices.DevicePlan(2, "cpu", True)) if plan.platform == "cpu" else None
-    if note:
-        echo(note)
+    if plan.platform == "cpu":
+        echo(
+            "note: no accelerator in use: virtual CPU devices; the 2-device runs give each "
+            "device its own cores (--cores-per-device) beside a 1-device run on as many"
+        )
     start = time.perf_counter()
     # A SIGTERM (a shell's `timeout` around this command) or a SIGHUP (its terminal closed)
     # ends it as a Ctrl-C does: the run under way is stopped with its workers

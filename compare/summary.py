@@ -22,7 +22,7 @@ def best_entries(machines: list[Machine]) -> dict[tuple, dict[int, Entry]]:
     record never wins: it is shown only where no record of its cell has a time."""
     best: dict[tuple, dict[int, Entry]] = {}
     for i, machine in enumerate(machines):
-        for e in machine.entries:
+        for e in (e for w in WORKLOADS for e in machine.workload(w)):  # the cluster apart
             cells = best.setdefault((e.rec.workload, e.rec.framework, e.label), {})
             if i not in cells or rank(e) < rank(cells[i]):
                 cells[i] = e
@@ -39,6 +39,8 @@ def cell(e: Entry | None) -> str:
         return DASH
     star = STAR if e.rec.extrapolated else ""
     where = f"{e.rec.devices} dev"
+    if e.cores_per_device is not None:
+        where += f", {e.cores_per_device} core(s)/dev"
     if e.rec.split_size is not None:
         where += f", split {e.rec.split_size}"
     shared = f" {SHARED}" if e.shares_device else ""
@@ -65,6 +67,8 @@ def summary_table(machines: list[Machine]) -> Table:
         "num_batches batches, whose batch and image sizes differ between presets: compare "
         "resnet50 across machines only at the same preset."
     ]
+    if any(m.cluster for m in machines):
+        notes.append("The cluster's runs are not among them: see Scaling across nodes.")
     cells = [e for row in best.values() for e in row.values()]
     if any(e.rec.extrapolated for e in cells):
         notes.append(f"{STAR} extrapolated from fewer steps than an epoch.")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from compare import record_checks
 from compare.records import Entry, LeftOut, environment_text, platform_text, sort_key
 
 DASH = "–"
@@ -113,30 +114,89 @@ class DpRow:
     virtual: bool
     preset: str
     cells: dict[int, Entry]  # devices -> record
+    cores: int | None = None  # CPU cores each device had to itself; None: shared cores
+
+    @property
+    def dedicated(self) -> bool:
+        """Whether each device had its own hardware: a GPU of its own, or its own CPU cores."""
+        return (self.platform == "gpu" and not self.virtual) or self.cores is not None
+
+    def unlike(self, n: int) -> str | None:
+        """Why the n-device time is no speedup over this row's 1-device time: OVERHEADS (the
+        devices shared the process's cores) or SEQUENTIAL (one process stepped its devices one
+        after another on CPU cores); None when they are like runs."""
+        if not self.dedicated:
+            return OVERHEADS
+        e = self.cells.get(n)
+        if n > 1 and self.platform == "cpu" and e is not None and e.execution == SEQUENTIAL:
+            return SEQUENTIAL
+        return None
 
     def speedup(self, n: int) -> tuple[float, float] | None:
-        """(speedup, efficiency) at n devices against this row's 1-device run, if both ran."""
-        if 1 not in self.cells or n not in self.cells:
+        """(speedup, efficiency) at n devices against this row's 1-device run, if both ran and
+        are like runs (`unlike`)."""
+        if 1 not in self.cells or n not in self.cells or self.unlike(n):
             return None
         if self.cells[1].diverged or self.cells[n].diverged:
             return None
         return scaling(self.cells[1].median, self.cells[n].median, n)
 
+    def scaling_cell(self, n: int, efficiency: bool = False) -> str:
+        """The speedup (or efficiency) cell at n devices: a figure, the label saying why there is
+        none (`unlike`), or a dash where a run is missing or diverged."""
+        ran = 1 in self.cells and n in self.cells
+        timed = ran and not (self.cells[1].diverged or self.cells[n].diverged)
+        if timed and self.unlike(n):
+            return self.unlike(n)
+        s = self.speedup(n)
+        star = self.extrapolated(1, n)
+        return fmt_efficiency(s and s[1], star) if efficiency else fmt_speedup(s and s[0], star)
+
     def extrapolated(self, *counts: int) -> bool:
         return any(self.cells[n].rec.extrapolated for n in counts if n in self.cells)
 
 
+OVERHEADS, SEQUENTIAL = "overheads only", record_checks.SEQUENTIAL
+UNLIKE_NOTES = {
+    OVERHEADS: f"{OVERHEADS}: the devices shared the process's CPU cores, so the n-device time "
+    "shows the scheme's overheads, not a speedup.",
+    SEQUENTIAL: f"{SEQUENTIAL}: one process stepped its devices one after another on their own "
+    "cores, so the n-device time cannot be a speedup.",
+}
+CORES_NOTE = (
+    "cores/device: the CPU cores each device had to itself; shared: every device ran on all of "
+    "the process's cores; GPU: a GPU of its own."
+)
+
+
+def cores_text(row: DpRow) -> str:
+    """The cores/device cell: the count, `shared`, or `GPU` (a GPU of its own)."""
+    if row.cores is not None:
+        return str(row.cores)
+    return "GPU" if row.dedicated else "shared"
+
+
+def unlike_notes(rows: list[DpRow]) -> list[str]:
+    """One note per label the rows' speedup cells show."""
+    shown = {row.scaling_cell(n) for row in rows for n in row.cells if n > 1}
+    return [note for label, note in UNLIKE_NOTES.items() if label in shown]
+
+
 def dp_rows(entries: list[Entry]) -> list[DpRow]:
+    """One row per framework, label and cores per device: a run pinned to its own cores and one
+    on shared cores are different rows, never one speedup."""
     rows: dict[tuple, DpRow] = {}
     for e in entries:
         r = e.rec
-        key = (r.framework, e.label)
-        row = rows.setdefault(key, DpRow(r.framework, e.label, r.platform, r.virtual, r.preset, {}))
+        key = (r.framework, e.label, e.cores_per_device)
+        row = rows.setdefault(
+            key, DpRow(r.framework, e.label, r.platform, r.virtual, r.preset, {}, key[2])
+        )
         row.cells[r.devices] = e  # one group and the newest per cell: one record per count
     if not entries:
         return []
     order = sort_key(entries[0].rec.workload)
-    return [rows[k] for k in sorted(rows, key=order)]
+    return [rows[k] for k in sorted(rows, key=lambda k: (*order(k), k[2] or 0))]
 
 
 def device_counts(rows: list[DpRow]) -> list[int]:
@@ -145,7 +205,7 @@ def device_counts(rows: list[DpRow]) -> list[int]:
 
 def dp_table(title: str, rows: list[DpRow], envs: dict[str, str]) -> Table:
     counts = device_counts(rows)
-    headers = ["framework", "strategy", "platform", "preset"]
+    headers = ["framework", "strategy", "cores/device", "platform", "preset"]
     for n in counts:
         headers += [f"test acc ({n} dev)", f"sec/epoch ({n} dev)", f"images/s ({n} dev)"]
         if n > 1:
@@ -153,24 +213,26 @@ def dp_table(title: str, rows: list[DpRow], envs: dict[str, str]) -> Table:
     headers.append("env")
     body = []
     for row in rows:
-        cells = [row.framework, row.label, platform_text(row.platform, row.virtual), row.preset]
+        cells = [row.framework, row.label, cores_text(row)]
+        cells += [platform_text(row.platform, row.virtual), row.preset]
         for n in counts:
             e = row.cells.get(n)
             rate = None if e is None or e.diverged else e.rec.images_per_sec
             star = e is not None and e.rec.extrapolated
             cells += [fmt_acc(acc_of(e)), time_cell(e), fmt_rate(rate, star)]
             if n > 1:
-                s = row.speedup(n)
-                star = row.extrapolated(1, n)
-                cells += [
-                    fmt_speedup(s and s[0], star),
-                    fmt_efficiency(s and s[1], star),
-                ]
+                cells += [row.scaling_cell(n), row.scaling_cell(n, efficiency=True)]
         cells.append(env_cell(row.cells.values(), envs))
         body.append(cells)
+    return Table(title, headers, body, dp_notes(rows))
+
+
+def dp_notes(rows: list[DpRow]) -> list[str]:
     notes = [
         "sec/epoch: median ± sample standard deviation over n epochs; speedup = sec/epoch on "
-        "1 device / sec/epoch on n devices of the same row; efficiency = speedup / n."
+        "1 device / sec/epoch on n devices of the same row, where both are like runs; "
+        "efficiency = speedup / n.",
+        CORES_NOTE,
     ]
     extrapolated = [e for row in rows for e in row.cells.values() if e.rec.extrapolated]
     if extrapolated:
@@ -180,14 +242,10 @@ def dp_table(title: str, rows: list[DpRow], envs: dict[str, str]) -> Table:
             f"{STAR} extrapolated: the epoch time is projected from fewer steps than an epoch"
             f"{timed}, and so is every figure derived from it."
         )
-    if any(r.virtual for r in rows):
-        notes.append(
-            "virtual devices share the host's CPU cores: the times show overheads, not the "
-            "speedup accelerators would give."
-        )
+    notes += unlike_notes(rows)
     if any(e.diverged for row in rows for e in row.cells.values()):
         notes.append(DIVERGED_NOTE)
-    return Table(title, headers, body, notes)
+    return notes
 
 
 # --- resnet50 -------------------------------------------------------------------------------------
@@ -313,87 +371,3 @@ def r50_cell(e: Entry | None, split: bool = True) -> str:
     if split and e.rec.split_size is not None:
         text += f", split {e.rec.split_size}"
     return text + (f" {SHARED}" if e.shares_device else "")
-
-
-# --- other measurements (memory, utilisation) -----------------------------------------------------
-
-
-def extras_table(title: str, rows: list[DpRow]) -> Table | None:
-    """Peak memory and utilisation (per device or process), where the runs recorded them."""
-    body = []
-    for row in rows:
-        for n, e in sorted(row.cells.items()):
-            extra = e.rec.extra
-            mem, util = extra.get("peak_memory_bytes"), extra.get("utilization")
-            if mem is None and util is None:
-                continue
-            source = extra.get("utilization_source") or DASH
-            if extra.get("memory_source"):
-                source += f"; memory: {extra['memory_source']}"
-            body.append(
-                [row.framework, row.label, str(n), fmt_memory(mem), fmt_percent(util), source]
-            )
-    if not body:
-        return None
-    headers = ["framework", "strategy", "devices", "peak memory (MiB)", "utilization (%)", "source"]
-    return Table(title, headers, body, ["Several values: one per device or process."])
-
-
-def fmt_percent(x) -> str:
-    if isinstance(x, (int, float)) and not isinstance(x, bool):
-        return f"{x:.0f}"
-    if isinstance(x, list):
-        return " / ".join(fmt_percent(v) for v in x)
-    return DASH if x is None else str(x)
-
-
-def fmt_memory(x) -> str:
-    if isinstance(x, (int, float)) and not isinstance(x, bool):
-        return f"{x / 2**20:,.0f}"
-    if isinstance(x, list):
-        return " / ".join(fmt_memory(v) for v in x)
-    return DASH if x is None else str(x)
-
-
-# --- the terminal: the same figures, one line per row and device count ----------------------------
-
-
-def dp_terminal(rows: list[DpRow]) -> Table:
-    headers = [
-        "framework",
-        "strategy",
-        "devices",
-        "test acc",
-        "sec/epoch",
-        "images/s",
-        "speedup",
-        "efficiency",
-    ]
-    body = []
-    for row in rows:
-        for n, e in sorted(row.cells.items()):
-            s = row.speedup(n) if n > 1 else None
-            star = e.rec.extrapolated
-            both = row.extrapolated(1, n)
-            body.append(
-                [
-                    row.framework,
-                    row.label,
-                    str(n),
-                    fmt_acc(acc_of(e)),
-                    time_cell(e),
-                    fmt_rate(None if e.diverged else e.rec.images_per_sec, star),
-                    fmt_speedup(s and s[0], both),
-                    fmt_efficiency(s and s[1], both),
-                ]
-            )
-    return Table("terminal", headers, body)
-
-
-def r50_terminal(table: Table) -> Table:
-    keep = [i for i, h in enumerate(table.headers) if h not in ("platform", "preset", "env")]
-    return Table(
-        "terminal",
-        [table.headers[i] for i in keep],
-        [[row[i] for i in keep] for row in table.rows],
-    )

@@ -45,6 +45,8 @@ def fmt_peak(f: dict) -> str:
 def row(e: Entry) -> list[str]:
     r = e.rec
     where = f"{r.devices}" + (f", split {r.split_size}" if r.split_size is not None else "")
+    if e.cores_per_device is not None:  # beside the same run on shared cores: another row
+        where += f", {e.cores_per_device} core(s)/device"
     f = r.flops if isinstance(r.flops, dict) else None
     star = STAR if r.extrapolated else ""
     if f is None or e.diverged:

@@ -117,8 +117,8 @@ def test_readme_tables_show_the_ceiling_beside_the_one_device_time(tmp_path):
     text = readme.fragment(("results/r.jsonl",), tmp_path)
     assert "| ceiling sec/epoch | x ceiling (1 dev) |" in text
     assert (
-        "| 10.0 ± 0.5 s (n=3) | 5.00 ± 0.25 s (n=3) | 2.00x | 8.00 ± 0.00 s* (n=3) | 1.25x |"
-        in (text)
+        "| 10.0 ± 0.5 s (n=3) | 5.00 ± 0.25 s (n=3) | overheads only | 8.00 ± 0.00 s* (n=3) "
+        "| 1.25x |" in (text)
     )
     assert "| mxnet scratch | 0.790 / – | 12.0 ± 0.6 s (n=3) | – | – | – | – |" in text  # none
     resnet18 = text.split("| resnet18", 1)[1].split("\n\n", 1)[0]
@@ -177,8 +177,8 @@ def test_a_ceiling_measured_in_the_run_is_the_one_its_record_is_set_against(tmp_
 
     text = readme.fragment(("results/r.jsonl",), tmp_path)
     assert (
-        "| 10.0 ± 0.5 s (n=3) | 5.00 ± 0.25 s (n=3) | 2.00x | 8.00 ± 0.00 s* (n=3) | 1.30x |"
-        in (text)
+        "| 10.0 ± 0.5 s (n=3) | 5.00 ± 0.25 s (n=3) | overheads only | 8.00 ± 0.00 s* (n=3) "
+        "| 1.30x |" in (text)
     )
     group = report.load([str(path)]).machines[0]
     assert compare_ceiling.sec_per_epoch(group.entries, group.ceilings, "lenet") == {

@@ -51,7 +51,9 @@ def test_a_dollar_sign_in_a_record_is_drawn_as_written(tmp_path):
     """matplotlib would read `$\\foo$` as mathtext, fail to parse it, and end the report."""
     path = tmp_path / "r.jsonl"
     hardware = {**fixture_records.HARDWARE, "cpu": r"CPU $\foo$"}
-    write_records(path, hardware=hardware, strategy=r"$\bar$")
+    # each device on its own core, so the scaling plot, whose legend names the strategy, is drawn
+    pinned = {"cores_per_device": 1, "execution": "processes"}
+    write_records(path, hardware=hardware, strategy=r"$\bar$", extra=pinned)
     lines = []
     assert report.build([str(path)], tmp_path / "out", echo=lines.append) == 0
     md = (tmp_path / "out" / "report.md").read_text()

@@ -27,29 +27,39 @@ def described(steps):
 BF16, COMPILED = ("--amp", "bf16"), ("--compile",)
 
 
+LENET_PINNED, R18_PINNED = ("--epochs", "3"), ("--steps-per-epoch", "5")
+
+
 def test_plan_on_a_cpu_machine():
-    plan = run.make_plan(run.ALL, WORKLOADS, "auto", accelerators=0, cpu_bf16=True)
+    plan = run.make_plan(run.ALL, WORKLOADS, "auto", accelerators=0, cpu_bf16=True, cpu_cores=2)
     assert (plan.platform, plan.preset) == ("cpu", "cpu")
     steps = described(plan.steps)
-    assert len(steps) == 28
-    assert steps[:3] == [
-        ("torch", "lenet", 1, None, ()),
-        ("torch", "lenet", 2, None, ()),
+    assert len(steps) == 37
+    assert steps[:4] == [
+        ("torch", "lenet", 1, None, ()),  # the comparison, on every core (--ceiling)
+        ("torch", "lenet", 1, None, LENET_PINNED),  # the scaling pair, a core per device
+        ("torch", "lenet", 2, None, LENET_PINNED),
         ("torch", "lenet", 1, None, COMPILED),  # torch's compiled tier, beside its eager one
     ]
     assert [s for s in steps if s[1] == "resnet18"] == [
         ("torch", "resnet18", 1, "ddp", ()),
-        ("torch", "resnet18", 2, "ddp", ()),
+        ("torch", "resnet18", 1, "ddp", R18_PINNED),
+        ("torch", "resnet18", 2, "ddp", R18_PINNED),
         ("torch", "resnet18", 1, "ddp", BF16),  # the faster paths, on one device
         ("torch", "resnet18", 1, "ddp", COMPILED),
         ("torch", "resnet18", 1, "ddp", COMPILED + BF16),
         ("jax", "resnet18", 1, "sharding", ()),
-        ("jax", "resnet18", 2, "sharding", ()),
+        ("jax", "resnet18", 1, "sharding", R18_PINNED),
+        ("jax", "resnet18", 2, "sharding", R18_PINNED),
         ("jax", "resnet18", 1, "sharding", BF16),
         ("jax", "resnet18", 1, "pmap", ()),
-        ("jax", "resnet18", 2, "pmap", ()),
+        ("jax", "resnet18", 1, "pmap", R18_PINNED),
+        ("jax", "resnet18", 2, "pmap", R18_PINNED),
         ("mxnet", "resnet18", 1, "gluon", ()),
-        ("mxnet", "resnet18", 2, "gluon", ()),
+        ("mxnet", "resnet18", 1, "gluon", R18_PINNED),
+        ("mxnet", "resnet18", 2, "gluon", R18_PINNED),
+        ("mxnet", "resnet18", 1, "dist", R18_PINNED),
+        ("mxnet", "resnet18", 2, "dist", R18_PINNED),
         ("mxnet", "resnet18", 1, "gluon", BF16),
     ]
     assert [s for s in steps if s[0] == "torch" and s[1] == "resnet50"] == [
@@ -71,9 +81,34 @@ def test_plan_on_a_cpu_machine():
     assert all("needs CUDA" in why for *_, why in skipped)
 
 
+def test_a_cpu_plans_scaling_pairs_on_cores_of_their_own():
+    """Every 2-device run of a CPU and its 1-device baseline give each device half the cores
+    (--cores-per-device), so that their speedup compares like with like; the comparison runs
+    keep every core and time their ceiling."""
+    plan = run.make_plan(run.ALL, WORKLOADS, "cpu", accelerators=0, cpu_cores=8)
+    pinned = [s for s in plan.steps if s.cores]
+    assert {s.cores for s in pinned} == {4}
+    assert all(s.gpus == 2 or s.workload != "resnet50" for s in plan.steps)
+    assert all(s.cores for s in plan.steps if s.gpus == 2)
+    for s in pinned:
+        argv = s.args("cpu", "cpu", "/r.jsonl")
+        assert argv[argv.index("--cores-per-device") + 1] == "4" and "--ceiling" not in argv
+    pairs = {(s.framework, s.workload, s.strategy, s.gpus) for s in pinned}
+    assert all((fw, w, st, 1) in pairs for fw, w, st, n in pairs if n == 2 and w != "resnet50")
+
+
+def test_a_one_core_cpu_cannot_give_two_devices_a_core_each():
+    plan = run.make_plan(["torch"], ["lenet"], "cpu", accelerators=0, cpu_cores=1)
+    assert described(plan.steps) == [
+        ("torch", "lenet", 1, None, ()),
+        ("torch", "lenet", 1, None, COMPILED),
+    ]
+    assert [why for _, why in plan.skipped] == ["needs 2 cores: one per device"] * 2
+
+
 def test_bf16_runs_need_bf16_arithmetic():
     plan = run.make_plan(run.ALL, ["resnet18"], "cpu", accelerators=0, cpu_bf16=False)
-    assert not [s for s in plan.steps if "bf16" in s.flags] and len(plan.steps) == 13 - 4
+    assert not [s for s in plan.steps if "bf16" in s.flags] and len(plan.steps) == 19 - 4
     bf16 = [(s.framework, s.strategy, s.flags, why) for s, why in plan.skipped if "bf16" in s.flags]
     assert [x[:3] for x in bf16] == [
         ("torch", "ddp", BF16),
@@ -89,7 +124,8 @@ def test_bf16_runs_need_bf16_arithmetic():
 def test_plan_on_a_two_gpu_machine():
     plan = run.make_plan(run.ALL, WORKLOADS, "auto", accelerators=2, cpu_bf16=True)
     assert (plan.platform, plan.preset) == ("gpu", "full")
-    assert len(plan.steps) == 30
+    assert len(plan.steps) == 31
+    assert not [s for s in plan.steps if s.cores]  # a GPU is a device of its own
     assert ("torch", "resnet18", 2, "dataparallel", ()) in described(plan.steps)
     assert ("torch", "resnet18", 1, "dataparallel", COMPILED) in described(plan.steps)
     # MXNet's bf16 is for CPUs: its run is the only one left out
@@ -105,7 +141,7 @@ def test_plan_on_a_one_gpu_machine_skips_two_device_runs_with_a_reason():
     assert ("mxnet", "resnet50", 1, None, ()) in described(plan.steps)
     assert ("torch", "resnet50", 1, None, ("--sweep",)) in described(plan.steps)
     two = [why for s, why in plan.skipped if s.gpus == 2]
-    assert len(two) == 24 - 8
+    assert len(two) == 25 - 8
     assert all(why == "needs 2 GPUs; this machine has 1" for why in two)
 
 
@@ -114,7 +150,8 @@ def test_plan_forced_cpu_and_preset():
     assert (plan.platform, plan.preset) == ("cpu", "smoke")
     assert described(plan.steps) == [
         ("jax", "lenet", 1, None, ()),
-        ("jax", "lenet", 2, None, ()),
+        ("jax", "lenet", 1, None, LENET_PINNED),
+        ("jax", "lenet", 2, None, LENET_PINNED),
     ]
 
 
@@ -208,6 +245,7 @@ p.add_argument("--gpus", default="1")
 p.add_argument("--no-progress", action="store_true")
 p.add_argument("--ceiling", action="store_true")
 p.add_argument("--compile", action="store_true")
+p.add_argument("--cores-per-device", type=int)
 args = p.parse_known_args(sys.argv[3:])[0]  # --amp, --sweep: not needed here
 print(f"fake {framework} {args.workload} on {args.gpus}", flush=True)
 if args.workload == "resnet18":
@@ -222,15 +260,20 @@ results.append(results.Record(
     devices=n, platform=args.platform, virtual=True, device_names=["cpu"] * n,
     preset=args.preset, batch_size=256, lr=0.2, epochs=1, test_acc=0.8,
     sec_per_epoch=stats(t),
-    extra={"compiled": args.compile, **({"ceiling": ceiling} if args.ceiling else {})},
+    extra={"compiled": args.compile, **({"ceiling": ceiling} if args.ceiling else {}),
+           "cores_per_device": args.cores_per_device,
+           "execution": "single" if n == 1 else "sequential" if framework == "torch"
+           else "concurrent"},
 ), args.results)
 """
 
 
 @pytest.fixture(autouse=True)
 def bf16_cpu(monkeypatch):
-    """The plan of run.main on a CPU with bf16 arithmetic (every bf16 run), on every machine."""
+    """The plan of run.main on a 2-core CPU with bf16 arithmetic (every bf16 run, a core per
+    device in the scaling runs), on every machine."""
     monkeypatch.setattr(run.devices, "cpu_has_bf16", lambda: True)
+    monkeypatch.setattr(run.devices, "cores_allowed", lambda: 2)
 
 
 def test_a_failing_run_does_not_stop_the_others(tmp_path):
@@ -258,11 +301,11 @@ def test_a_failing_run_does_not_stop_the_others(tmp_path):
         echo=lines.append,
     )
     assert code == 1
-    assert len(calls) == 28  # every step ran
+    assert len(calls) == 37  # every step ran
     text = "\n".join(lines)
-    assert "15 of 28 run(s) ok, 13 failed, 0 not run, 3 skipped on this machine" in text
+    assert "18 of 37 run(s) ok, 19 failed, 0 not run, 3 skipped on this machine" in text
     assert "FAILED (exit 1)" in text and "ValueError: broken" in text
-    assert "[28/28] ok in" in text
+    assert "[37/37] ok in" in text
 
 
 def test_end_to_end_with_fake_environments(tmp_path, capsys):
@@ -295,10 +338,14 @@ def test_end_to_end_with_fake_environments(tmp_path, capsys):
     assert "    | fake jax lenet on 2" in text  # the child's output, streamed
     assert "boom in torch resnet18" in text.split("== summary")[1]  # stderr tail in the summary
     assert re.search(r"NOT RUN  mxnet lenet .*: no environment .*make setup FRAMEWORK=mxnet", text)
-    assert "5 of 20 run(s) ok, 10 failed, 5 not run, 3 skipped on this machine" in text
+    assert "7 of 29 run(s) ok, 13 failed, 9 not run, 3 skipped on this machine" in text
     md = (out / "report.md").read_text()
-    assert "| torch | scratch | cpu (virtual) | smoke | 0.800 | 4.00 ± 0.00 s (n=1) |" in md
-    assert "| 2.00x | 100% |" in md
+    assert (
+        "| torch | scratch | shared | cpu (virtual) | smoke | 0.800 | 4.00 ± 0.00 s (n=1) |" in md
+    )
+    # the scaling pairs had a core per device: JAX's devices ran at once, torch's in turn
+    assert "| jax | scratch | 1 | cpu (virtual) |" in md and "| 2.00x | 100% |" in md
+    assert "| torch | scratch | 1 | cpu (virtual) |" in md and "| sequential | sequential |" in md
     # the ceilings ran in the training runs: training 4.00 s, 1.25x its ceiling's 3.20 s
     assert "| torch | scratch | 4.00 ± 0.00 s (n=1) | 3.20 ± 0.00 s* (n=1) |" in md
     assert "| torch | scratch+compiled | 4.00 ± 0.00 s (n=1) | 3.20 ± 0.00 s* (n=1) |" in md
@@ -336,7 +383,7 @@ def test_one_interpreter_for_every_framework(tmp_path):
     text = "\n".join(lines)
     assert f"   1. {python} -m torch_impl --workload lenet" in text
     assert "    | fake jax lenet on 2" in text
-    assert "5 of 5 run(s) ok, 0 failed, 0 not run, 0 skipped on this machine" in text
+    assert "7 of 7 run(s) ok, 0 failed, 0 not run, 0 skipped on this machine" in text
     code = run.main(
         [
             "--frameworks",
@@ -384,7 +431,7 @@ def test_a_framework_setup_skipped_is_skipped_and_the_report_says_so(tmp_path):
     assert code == 0  # every run planned for the frameworks set up ran
     text = "\n".join(lines)
     assert "skip: mxnet lenet on 1 device(s), default strategies: not set up: needs" in text
-    assert "5 of 5 run(s) ok, 0 failed, 0 not run, 2 skipped on this machine" in text
+    assert "7 of 7 run(s) ok, 0 failed, 0 not run, 3 skipped on this machine" in text
     assert "mxnet was not set up on this machine: needs Python 3.10 or 3.11" in text
     md = (out / "report.md").read_text()
     assert "- mxnet was not set up on this machine: needs Python 3.10 or 3.11" in md
@@ -488,9 +535,9 @@ def test_steps_run_part_of_the_plan_numbered_as_the_dry_run_prints_it(tmp_path):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--steps", "0"], "error: --steps 0: the plan has steps 1 to 3 (see --dry-run)"),
-        (["--steps", "3-4"], "error: --steps 3-4: the plan has steps 1 to 3 (see --dry-run)"),
-        (["--steps", "2-1"], "error: --steps 2-1: the plan has steps 1 to 3 (see --dry-run)"),
+        (["--steps", "0"], "error: --steps 0: the plan has steps 1 to 4 (see --dry-run)"),
+        (["--steps", "4-5"], "error: --steps 4-5: the plan has steps 1 to 4 (see --dry-run)"),
+        (["--steps", "2-1"], "error: --steps 2-1: the plan has steps 1 to 4 (see --dry-run)"),
         (["--steps", "one"], "error: --steps 'one': give step numbers or ranges, such as 1-4 7"),
         (["--assume-gpus", "1"], "error: --assume-gpus N (N >= 0) only plans: add --dry-run"),
     ],
@@ -803,7 +850,8 @@ def test_dry_run_says_how_long_the_plan_should_take(tmp_path):
         ],
         echo=lines.append,
     )
-    minutes = -(-sum(progress.PRIORS["lenet", "cpu"][:2]) // 60)
+    pinned = progress.PINNED_PRIORS["lenet", "cpu"]
+    minutes = -(-(progress.PRIORS["lenet", "cpu"][0] + sum(pinned)) // 60)
     assert (
-        f"  time: about {minutes} min for all 2 step(s), estimated from the preset's" in lines[-1]
+        f"  time: about {minutes} min for all 3 step(s), estimated from the preset's" in lines[-1]
     )

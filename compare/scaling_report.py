@@ -1,0 +1,235 @@
+"""The report's section "Scaling across nodes": per workload, the cluster's runs against their
+engine's 1-node run and the communication model (compare/scaling.py, compare/comm_model.py),
+a plot of the step against the link's rate, and the model's predictions for interconnects the
+project has not been lent, labelled as such."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from compare import comm_model as cm
+from compare import records
+from compare.records import Entry
+from compare.render import Doc
+from compare.scaling import (
+    BUCKETED,
+    Cell,
+    Engine,
+    cells_of,
+    choices,
+    engine_of,
+    fmt_bytes,
+    fmt_model,
+    fmt_seconds,
+    layers,
+    link,
+    link_text,
+    step_seconds,
+)
+from compare.tables import DASH, Table, fmt_efficiency, fmt_speedup, time_cell
+
+HEADING = "Scaling across nodes"
+EXPLANATION = (
+    "The cluster in one box (`python -m compare.cluster`): each node a network namespace on "
+    "cores of its own, the nodes joined by a link that only they use, at the rate `tc` gives it; "
+    "each framework's own multi-node engine runs across them. Every run is set against its "
+    "engine's 1-node run (the same framework, cores per device, preset and batch per device) "
+    "and against an alpha-beta model of its gradient exchange (compare/comm_model.py): per step, "
+    "each node's link carries 2 (n - 1) / n x G bytes each way, for a ring all-reduce and for a "
+    "parameter server with a server on every node alike (G: the float32 gradient), which takes "
+    "messages x latency + bytes / the link's measured throughput. Two models of a step: serial "
+    "(compute, then the exchange) and overlapped (the exchange beside the backward, but for a "
+    "tail that starts only when it ends); an engine's model is the one with the smaller mean "
+    f"error over its runs, used where that is at most {cm.MODEL_LIMIT:.0%}."
+)
+NOTES = [
+    "sec/epoch: median ± std over the timed epochs; speedup = the 1-node run's sec/epoch / this "
+    "run's (the batch grows with the nodes, so this is the ratio of throughputs); efficiency = "
+    "speedup / nodes.",
+    "s/step = batch_size / images_per_sec over the timed epochs; bytes/step measured: what node "
+    "0's interface carried in those epochs, (sent + received) / 2 / steps, headers included; "
+    "bytes/step model: 2 (n - 1) / n x G each way.",
+    "comm (model): latency x messages + bytes / the link's measured throughput; exposed comm: "
+    "this run's s/step - the 1-node run's; overlap: comm (model) - exposed comm, at least 0: "
+    "the exchange the compute hid, as far as the model is right.",
+    "serial, overlapped: each model's s/step (its error against the measured one); within "
+    f"{cm.MODEL_LIMIT:.0%}: the models that close; model used: the engine's (the one with the "
+    "smaller mean error over its runs, where that mean is within the limit).",
+]
+
+
+def nodes_table(workload: str, cells: list[Cell], chosen: dict[Engine, str | None]) -> Table:
+    headers = ["engine", "exchange", "cores/device", "link", "nodes", "sec/epoch"]
+    headers += ["speedup", "efficiency", "s/step", "bytes/step measured", "bytes/step model"]
+    headers += ["comm (model)", "exposed comm", "overlap", cm.SERIAL, cm.OVERLAPPED]
+    headers += [f"within {cm.MODEL_LIMIT:.0%}", "model used"]
+    body = [row(c, chosen.get(engine_of(c.entry))) for c in cells]
+    notes = list(NOTES)
+    if any(c.base is None for c in cells):
+        notes.append("–: no 1-node run of the engine, or a figure the record does not give.")
+    return Table(f"{workload} across nodes", headers, body, notes)
+
+
+def row(c: Cell, model: str | None) -> list[str]:
+    e, s = c.entry, c.speedup()
+    star = e.rec.extrapolated or (c.base is not None and c.base.rec.extrapolated)
+    several = c.nodes > 1
+    fits = cm.within(c.errors)
+    return [
+        f"{e.rec.framework} {e.label}",
+        str(e.rec.extra.get("engine") or DASH),
+        DASH if e.cores_per_device is None else str(e.cores_per_device),
+        link_text(e),
+        str(c.nodes),
+        time_cell(e),
+        fmt_speedup(s and s[0], star) if several else DASH,
+        fmt_efficiency(s and s[1], star) if several else DASH,
+        fmt_seconds(c.step),
+        fmt_bytes(c.bytes_measured),
+        fmt_bytes(c.bytes_model),
+        fmt_seconds(c.comm),
+        fmt_seconds(c.exposed),
+        fmt_seconds(c.overlap),
+        fmt_model(c, cm.SERIAL),
+        fmt_model(c, cm.OVERLAPPED),
+        (", ".join(fits) or "neither") if c.errors else DASH,
+        used(c, model),
+    ]
+
+
+def used(c: Cell, model: str | None) -> str:
+    if not c.errors:
+        return DASH
+    return f"{model}: {fmt_model(c, model)}" if model else f"neither within {cm.MODEL_LIMIT:.0%}"
+
+
+@dataclass(frozen=True)
+class Line:
+    """One engine on one node count in the plot: its steps against the link's rate."""
+
+    label: str
+    framework: str
+    measured: list[tuple[float, float]]  # (link rate in bit/s, seconds per step)
+    model: list[tuple[float, float]]  # the engine's model at the same links; empty: none fits
+    model_name: str | None
+    compute: float | None  # the engine's 1-node step
+
+
+def lines(cells: list[Cell], chosen: dict[Engine, str | None]) -> list[Line]:
+    """The plot's lines: x is the link's rate, or for a link with no rate set (unlimited) the
+    throughput measured over it."""
+    groups: dict[tuple, list[Cell]] = {}
+    for c in cells:
+        if c.nodes > 1 and c.step is not None and x_of(c) is not None:
+            groups.setdefault((engine_of(c.entry), c.nodes), []).append(c)
+    out = []
+    for (engine, nodes), mine in groups.items():
+        mine.sort(key=x_of)
+        model = chosen.get(engine)
+        e = mine[0].entry
+        out.append(
+            Line(
+                f"{e.rec.framework} {e.label}, {nodes} nodes",
+                e.rec.framework,
+                [(x_of(c), c.step) for c in mine],
+                [(x_of(c), c.predicted[model]) for c in mine if model in c.predicted],
+                model,
+                mine[0].compute,
+            )
+        )
+    return out
+
+
+def x_of(c: Cell) -> float | None:
+    info = link(c.entry)
+    return info.get("rate_bps") or info.get("measured_bps")
+
+
+# --- predictions for interconnects not lent ---------------------------------------------------
+
+
+PREDICTIONS_NOTE = (
+    "Predictions, not measurements: the model of this section with the interconnect's bandwidth "
+    "(comm_model.PREDICTED, its source there) and no latency term, each GPU keeping the batch of "
+    "its 1-GPU record, whose s/step is the compute; serial and overlapped bound the step. G is "
+    "the gradient_bytes of this section's records."
+)
+
+
+def gpu_steps(kept: list[Entry], workload: str) -> list[Entry]:
+    """The 1-GPU records of `workload` with a time, outside the cluster."""
+    return [
+        e
+        for e in kept
+        if e.rec.platform == "gpu" and not e.rec.virtual and e.rec.devices == 1
+        if e.rec.workload == workload and e.nodes is None and step_seconds(e) is not None
+    ]
+
+
+def predictions(kept: list[Entry], cluster: list[Entry], workload: str = "resnet18"):
+    """The predictions table of `workload`, or a line saying why there is none."""
+    grads = [e.rec.extra.get("gradient_bytes") for e in cluster if e.rec.workload == workload]
+    grad = next((g for g in grads if g), None)
+    gpus = gpu_steps(kept, workload)
+    if grad is None or not gpus:
+        lacking = "gradient_bytes in this section's records" if grad is None else "1-GPU record"
+        return f"No predictions for {workload}: no {lacking} of it in the results read."
+    headers = ["GPU (1-device record)", "engine", "s/step, 1 GPU", "interconnect", "devices"]
+    headers += ["bytes/step per link", "comm", "s/step serial", "s/step overlapped"]
+    headers += ["efficiency serial / overlapped"]
+    body = []
+    for e in gpus:
+        for name, bandwidth, counts in cm.PREDICTED:
+            body += [predicted_row(e, grad, name, bandwidth, n) for n in counts]
+    title = f"{workload}: predictions, not measurements"
+    return Table(title, headers, body, [PREDICTIONS_NOTE])
+
+
+def predicted_row(e: Entry, grad: int, name: str, bandwidth: float, n: int) -> list[str]:
+    bucket = cm.DDP_BUCKET_BYTES if (e.rec.framework, e.rec.strategy) in BUCKETED else None
+    comm = cm.comm_time(cm.RING, n, grad, bandwidth, 0.0, cm.pieces(grad, bucket))
+    share = cm.tail_share(grad, bucket, layers(e.rec.workload))
+    tail = cm.comm_time(cm.RING, n, share * grad, bandwidth)
+    t1 = step_seconds(e)
+    serial, overlapped = cm.serial(t1, comm), cm.overlapped(t1, comm, tail)
+    gpu = records.hardware_text(records.hardware_key(e.rec), 1, False)
+    return [
+        gpu,
+        f"{e.rec.framework} {e.label}",
+        fmt_seconds(t1),
+        name,
+        str(n),
+        fmt_bytes(cm.link_bytes(cm.RING, n, grad)),
+        fmt_seconds(comm),
+        fmt_seconds(serial),
+        fmt_seconds(overlapped),
+        f"{t1 / serial:.0%} / {t1 / overlapped:.0%}",
+    ]
+
+
+# --- the section ----------------------------------------------------------------------------------
+
+
+def section(doc: Doc, cluster: list[Entry], kept: list[Entry], draw: Callable) -> None:
+    """The section of one machine group's cluster runs; `draw(workload, lines, used)` adds the
+    workload's plot after its table (report.py); `kept`: every record shown in the report, where
+    the predictions find their 1-GPU records."""
+    doc.heading(3, HEADING)
+    doc.para(EXPLANATION)
+    for workload in records.WORKLOADS:
+        mine = [e for e in cluster if e.rec.workload == workload]
+        if not mine:
+            continue
+        cells = cells_of(mine)
+        chosen = choices(cells)
+        doc.heading(4, f"{workload} across nodes")
+        doc.table(nodes_table(workload, cells, chosen))
+        draw(workload, lines(cells, chosen), mine)
+    doc.heading(4, "Predictions, not measurements: interconnects not lent")
+    for workload in sorted({e.rec.workload for e in cluster}, key=records.WORKLOADS.index):
+        table = predictions(kept, cluster, workload)
+        if isinstance(table, Table):
+            doc.table(table)
+        else:
+            doc.para(table)

@@ -1,0 +1,194 @@
+"""The report's "Scaling across nodes" (compare/scaling.py, compare/scaling_report.py) on the
+synthetic cluster records of tests/compare/fixture_cluster.py: each cell worked out by hand from
+the numbers there, the model chosen per engine, the plot, the predictions labelled as such;
+and every new field of the wrong type left out with its reason, never a traceback."""
+
+import json
+import re
+
+import matplotlib.image
+import pytest
+
+from common.results import Record
+from compare import records, report, scaling, scaling_report
+from tests.compare import fixture_cluster as fc
+from tests.compare import fixture_records
+
+BOX = "2 virtual devices on 8 CPU cores (Fixture Box), preset cpu"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    out = tmp_path_factory.mktemp("nodes")
+    recs = fc.dedicated() + fc.cluster() + [fc.gpu_record()]
+    path = fc.write(out / "r.jsonl", recs)
+    lines = []
+    assert report.build([str(path)], out / "report", echo=lines.append) == 0
+    return out / "report", (out / "report" / "report.md").read_text(), "\n".join(lines)
+
+
+def nodes_rows(md: str) -> dict[tuple, dict]:
+    """The resnet18 table of the section, as {(engine, link name, nodes): {header: cell}}."""
+    text = md.split("\n#### resnet18 across nodes\n\n", 1)[1].split("\n\n", 1)[0]
+    lines = text.splitlines()
+    header = [c.strip() for c in lines[0].strip("|").split(" | ")]
+    out = {}
+    for line in lines[2:]:
+        cells = dict(zip(header, [c.strip() for c in line.strip("|").split(" | ")], strict=True))
+        out[(cells["engine"], cells["link"].split(" ")[0], cells["nodes"])] = cells
+    return out
+
+
+def test_each_cluster_run_against_its_one_node_run_and_the_model(built):
+    _, md, _ = built
+    rows = nodes_rows(md)
+    assert list(rows) == [
+        ("torch ddp", "none", "1"),
+        ("torch ddp", "unlimited", "2"),
+        ("torch ddp", "1gbit", "2"),
+        ("mxnet gluon", "none", "1"),
+        ("mxnet dist", "1gbit", "2"),
+    ]
+    slow = rows[("torch ddp", "1gbit", "2")]
+    assert slow["link"] == "1gbit (measured 800 Mbit/s, 100 µs)"
+    assert slow["exchange"] == "ring all-reduce (gloo, torch DDP)"
+    assert (slow["sec/epoch"], slow["speedup"], slow["efficiency"]) == (
+        "450 ± 0 s* (n=3)",
+        "1.11x*",  # 500 / 450
+        "56%*",
+    )
+    assert slow["s/step"] == "0.900 s"  # batch 128 / 142.2 images/s
+    assert slow["bytes/step measured"] == "41.5 MB"  # (1,275 + 1,215) MB / 2 / 30 steps
+    assert slow["bytes/step model"] == "40.0 MB"  # 2 (2 - 1) / 2 x 40 MB
+    assert slow["comm (model)"] == "0.400 s"  # 4 x 100 µs + 40 MB / 100 MB/s = 0.4004
+    assert slow["exposed comm"] == "0.400 s"  # 0.9 - 0.5
+    assert slow["overlap"] == "0.000400 s"  # 0.4004 - 0.4
+    assert slow["serial"] == "0.900 s (+0.0%)"  # 0.5 + 0.4004
+    # tail: a 25 MiB bucket, 2 x 100 µs + 26.2 MB / 100 MB/s = 0.2623; max(0.5, 0.1381) + 0.2623
+    assert slow["overlapped"] == "0.762 s (-15%)"  # -15.3%: not within 15%
+    assert slow["within 15%"] == "serial"
+    assert slow["model used"] == "serial: 0.900 s (+0.0%)"
+    fast = rows[("torch ddp", "unlimited", "2")]
+    assert fast["comm (model)"] == "0.0402 s"  # 4 x 50 µs + 40 MB / 1 GB/s
+    assert fast["serial"] == "0.540 s (-1.8%)" and fast["within 15%"] == "serial, overlapped"
+    assert fast["bytes/step measured"] == "–"  # the record counted no bytes
+
+
+def test_a_parameter_server_engine_matched_to_its_one_node_gluon_run(built):
+    _, md, _ = built
+    ps = nodes_rows(md)[("mxnet dist", "1gbit", "2")]
+    assert ps["exchange"] == "parameter server (ps-lite, kvstore dist_sync)"
+    assert ps["speedup"] == "1.90x*"  # 400 / 210
+    assert ps["comm (model)"] == "0.400 s"  # 2 x 100 µs + 0.4 s
+    assert ps["exposed comm"] == "0.0200 s" and ps["overlap"] == "0.380 s"
+    # tail: one of 21 layers, 2 x 100 µs + 1.905 MB / 100 MB/s = 0.01925
+    assert ps["overlapped"] == "0.419 s (-0.2%)" and ps["serial"] == "0.800 s (+91%)"
+    assert ps["model used"] == "overlapped: 0.419 s (-0.2%)"
+    base = nodes_rows(md)[("mxnet gluon", "none", "1")]
+    assert base["speedup"] == base["comm (model)"] == "–"
+
+
+def test_the_plot_draws_each_engine_against_the_links_rate(built):
+    out, md, _ = built
+    names = re.findall(r"\]\(([^)]+_nodes\.png)\)", md)
+    assert names == ["2-virtual-devices-on-8-cpu-cores-fixture-box-preset-cpu/resnet18_nodes.png"]
+    image = matplotlib.image.imread(out / names[0])
+    assert image.shape[0] > 100 and image.shape[1] > 100
+    entries = [e for e in records.read([out.parent / "r.jsonl"], []) if e.nodes is not None]
+    cells = scaling.cells_of(entries)
+    lines = {line.label: line for line in scaling_report.lines(cells, scaling.choices(cells))}
+    torch = lines["torch ddp, 2 nodes"]
+    # 1gbit at its rate, unlimited at the throughput measured over it
+    assert [x for x, _ in torch.measured] == [1e9, 8e9]
+    assert torch.measured[0][1] == pytest.approx(0.9) and torch.compute == pytest.approx(0.5)
+    assert torch.model_name == "serial" and torch.model[0][1] == pytest.approx(0.9004)
+    assert lines["mxnet dist, 2 nodes"].model_name == "overlapped"
+
+
+def test_predictions_are_labelled_and_come_from_the_one_gpu_record(built):
+    _, md, _ = built
+    text = md.split("#### Predictions, not measurements: interconnects not lent", 1)[1]
+    assert (
+        "| 1 x Fixture GPU 80GB | torch ddp | 0.100 s | NVLink (H100), GPUs in one node | 2 |"
+        in (text)
+    )
+    # 8 nodes at 100 Gb/s: 70 MB in 5.6 ms; serial 0.1056 s, 95%; the last bucket's 3.67 ms
+    # after the compute: 0.1037 s, 96%
+    assert (
+        "| 100 Gb/s network, one GPU per node | 8 | 70.0 MB | 0.00560 s | 0.106 s | 0.104 s "
+        "| 95% / 96% |" in text
+    )
+    assert "Predictions, not measurements:" in text
+
+
+def test_without_a_gpu_record_the_predictions_say_why(tmp_path):
+    path = fc.write(tmp_path / "r.jsonl", fc.cluster())
+    assert report.build([str(path)], tmp_path / "out", echo=lambda *_: None) == 0
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "No predictions for resnet18: no 1-GPU record of it in the results read." in md
+
+
+def test_cluster_runs_stay_out_of_the_device_tables_and_the_summary(built):
+    _, md, terminal = built
+    box = md.split(f"\n## {BOX}\n", 1)[1].split("\n### Scaling across nodes", 1)[0]
+    assert "one device" not in box and "| mxnet |" not in box and "dist" not in box
+    summary = md.split("\n## Summary", 1)[1].split("\n## ", 1)[0]
+    assert "mxnet" not in summary and "not among them: see Scaling across nodes" in summary
+    assert "resnet18_nodes.png" in md and "plot(s)" in terminal
+
+
+def test_a_run_without_its_one_node_run_shows_dashes(tmp_path):
+    alone = [r for r in fc.cluster() if r.framework == "torch" and r.extra["nodes"] == 2]
+    alone[0].extra["link"] = {**fc.ONE_GBIT, "measured_bps": None}  # no throughput measured
+    path = fc.write(tmp_path / "r.jsonl", alone)
+    assert report.build([str(path)], tmp_path / "out", echo=lambda *_: None) == 0
+    rows = nodes_rows((tmp_path / "out" / "report.md").read_text())
+    slow = rows[("torch ddp", "1gbit", "2")]
+    assert slow["speedup"] == slow["comm (model)"] == slow["serial"] == slow["model used"] == "–"
+    assert slow["bytes/step model"] == "40.0 MB"  # the bytes need no link
+    fast = rows[("torch ddp", "unlimited", "2")]
+    assert fast["comm (model)"] == "0.0402 s" and fast["serial"] == "–"  # no compute to add
+
+
+BAD = [
+    ({"cores_per_device": 0}, "extra.cores_per_device must be a whole number >= 1"),
+    ({"cores_per_device": "1"}, "extra.cores_per_device must be a whole number >= 1"),
+    ({"cores_used": [0, -1]}, "extra.cores_used must be a list of CPU numbers (>= 0)"),
+    ({"cores_used": "0-3"}, "extra.cores_used must be a list of CPU numbers"),
+    ({"execution": "parallel"}, "extra.execution must be one of single, processes, concurrent"),
+    ({"nodes": 0}, "extra.nodes must be a whole number >= 1"),
+    ({"nodes": 3}, "extra.nodes (3) is more than the run's 2 device(s)"),
+    ({"link": None}, "a run on 2 nodes needs extra.link"),
+    ({"link": "1gbit"}, "extra.link is not an object"),
+    ({"link": {**fc.ONE_GBIT, "name": 7}}, "extra.link.name must be a string, got 7"),
+    ({"link": {**fc.ONE_GBIT, "rate_bps": "1g"}}, "extra.link.rate_bps must be a number > 0"),
+    ({"link": {**fc.ONE_GBIT, "measured_bps": 0}}, "extra.link.measured_bps must be a number > 0"),
+    ({"link": {**fc.ONE_GBIT, "latency_s": -1}}, "extra.link.latency_s must be a number >= 0"),
+    ({"link_bytes": [1, 2]}, "extra.link_bytes is not an object"),
+    ({"link_bytes": {"tx": 1.5, "rx": 1, "steps": 3}}, "extra.link_bytes.tx must be a whole"),
+    ({"link_bytes": {"tx": 1, "rx": 1, "steps": 0}}, "extra.link_bytes.steps must be a whole"),
+    ({"gradient_bytes": 4e7}, "extra.gradient_bytes must be a whole number >= 1, got 40000000.0"),
+    ({"engine": ["gloo"]}, "extra.engine must be a string"),
+]
+
+
+@pytest.mark.parametrize("change, reason", BAD, ids=[r for _, r in BAD])
+def test_new_fields_of_the_wrong_kind_are_left_out_with_the_reason(tmp_path, change, reason):
+    good = fc.cluster()[1]  # torch ddp on 2 nodes over 1gbit
+    bad = Record(**{**good.to_dict(), "extra": {**good.extra, **change}, "timestamp": "not a time"})
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps(r.to_dict()) + "\n" for r in (good, bad)))
+    assert report.build([str(path)], tmp_path / "out", echo=lambda *_: None) == 0
+    left = (tmp_path / "out" / "report.md").read_text().split("## Left out", 1)[1]
+    assert "not a time (" in left and f"): {reason}" in left
+    assert records.problem(bad).startswith(reason)
+
+
+def test_a_one_node_run_needs_no_link_and_old_records_need_none_of_it():
+    one = fc.cluster()[0]
+    assert one.extra["execution"] == "single"  # as common/cores.py writes a 1-device run
+    assert records.problem(one) is None
+    assert (
+        records.problem(Record(**{**one.to_dict(), "extra": {**one.extra, "link": None}})) is None
+    )
+    assert records.problem(fixture_records.lenet("torch", 1, 1.0, 0.0, 0.8, 1.0)) is None
