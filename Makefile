@@ -5,6 +5,7 @@
 #   make bench FRAMEWORK=jax GPUS=2 [WORKLOAD=lenet] [PRESET=cpu] [PLATFORM=auto] [STRATEGY=...]
 #   make ceiling [FRAMEWORK=jax] [WORKLOAD=lenet] [PRESET=cpu] [RESULTS=..]   the framework's own
 #                                         tight-loop step of lenet and resnet18 on 1 device (GPUS ignored)
+#   make cluster [FRAMEWORK=..] [NODES="1 2"] [LINKS="unlimited 1gbit"]   nodes in network namespaces
 #   make report | readme-tables | lessons | setup [FRAMEWORK=..] | lock [UPGRADE=1] | lint | info | clean
 
 SHELL := /bin/bash
@@ -202,6 +203,18 @@ readme-tables: $(VENV)/base/.stamp
 .PHONY: lessons
 lessons: $(VENV)/base/.stamp
 	$(VENV)/base/bin/python -m tools.lessons
+
+# A cluster in one box (compare/cluster.py): a network namespace per node on a link of its own
+# (LINKS: unlimited, 10gbit, 1gbit, 100mbit, ...), each node on its own cores running its
+# framework's multi-node engine for resnet18; one record per run. Needs root (CAP_NET_ADMIN).
+NODES ?= 1 2
+LINKS ?= unlimited 10gbit 1gbit 100mbit
+CLUSTER_PRESET ?= cpu
+CLUSTER_ARGS ?= --epochs 3 --steps-per-epoch 4
+.PHONY: cluster
+cluster: setup
+	$(VENV)/base/bin/python -m compare.cluster --frameworks $(SELECTED) --nodes $(NODES) \
+	  --links $(LINKS) --preset $(CLUSTER_PRESET) --results $(RESULTS) $(CLUSTER_ARGS)
 
 # The main job: sets up what is missing, runs everything at the preset that fits the machine.
 compare: setup

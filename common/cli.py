@@ -145,7 +145,8 @@ def overrides(args: argparse.Namespace) -> dict:
         raise config.ConfigError(
             f"--split-size and --sweep apply to resnet50 only, not {args.workload}; drop them"
         )
-    if args.workload != "resnet18" and args.steps_per_epoch is not None:
+    steps = getattr(args, "steps_per_epoch", None)
+    if args.workload != "resnet18" and steps is not None:
         raise config.ConfigError(
             f"--steps-per-epoch applies to resnet18 only, not {args.workload}; drop it"
         )
@@ -154,7 +155,7 @@ def overrides(args: argparse.Namespace) -> dict:
         "batch_size": args.batch_size,
         "lr": args.lr,
         **({"split_size": args.split_size} if args.workload == "resnet50" else {}),
-        **({"steps_per_epoch": args.steps_per_epoch} if args.workload == "resnet18" else {}),
+        **({"steps_per_epoch": steps} if args.workload == "resnet18" else {}),
     }
 
 
@@ -211,12 +212,13 @@ def start(framework, argv=None, before_import=None, load=None) -> None:
         data.locate()
     # Cores per device, before any framework sizes its threads; a launcher's worker keeps its
     # slice of the cores its launcher claimed for the node.
-    if args.cores_per_device is not None and cores.narrow() is None:
-        cores.claim(plan.count, args.cores_per_device)
+    per_device = getattr(args, "cores_per_device", None)
+    if per_device is not None and cores.narrow() is None:
+        cores.claim(plan.count, per_device)
     if before_import is not None:
         before_import(plan)
     module, hooks = load(args.workload)
-    note = devices.notice(plan, args.cores_per_device)
+    note = devices.notice(plan, per_device)
     if note and not os.environ.get(NOTE_SHOWN_ENV):
         print(note, file=sys.stderr)
     if bf16 := checks.bf16_note(framework, args, plan.platform):

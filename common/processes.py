@@ -73,8 +73,10 @@ def deadline(seconds: float, line: str, code: int) -> Iterator[None]:
     exception can reach it: a timer thread ends the process instead."""
 
     def expire() -> None:
-        sys.stdout.flush()
-        print(line, file=sys.stderr, flush=True)
+        # The streams may be gone with a killed launcher: the process ends all the same.
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.flush()
+            print(line, file=sys.stderr, flush=True)
         os._exit(code)
 
     timer = threading.Timer(seconds, expire)

@@ -99,7 +99,8 @@ def _watchdog(read: int, taken: threading.Event, grace: float) -> None:
                     goodbye = threading.Thread(target=leave, daemon=True)
                     goodbye.start()
                     goodbye.join(LEAVE_BOUND)
-                os.write(2, b"interrupted; no record written\n")
+                with contextlib.suppress(OSError):  # stderr closed with a killed launcher
+                    os.write(2, b"interrupted; no record written\n")
                 os._exit(128 + signum)
 
 

@@ -40,6 +40,7 @@ class Member:
     netns: str | None = None
     last: list = field(default_factory=lambda: [""])  # its last line of output, to end on
     tee: threading.Thread | None = None
+    first: bool = False  # its failure is named before the others' (those follow from it)
 
     def alive(self) -> bool:
         return self.popen.poll() is None
@@ -61,33 +62,37 @@ class Group:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def start(self, name, cmd, env=None, cores=None, netns=None, capture=True) -> Member:
+    def start(
+        self, name, cmd, env=None, cores=None, netns=None, capture="all", first=False, cwd=None
+    ) -> Member:
         """Start `cmd` as member `name`: in a session of its own, on `cores` (None: this
-        process's), inside network namespace `netns` (`ip netns exec`). `capture`: its output
-        passes through this process (kept to end on), else it writes to the terminal."""
+        process's), inside network namespace `netns` (`ip netns exec`). `capture`: "all" its
+        output, or "stderr" only, passes through this process (its last line kept to end on);
+        None: it writes to the terminal. `first`: its failure is the one to name."""
         argv = ["ip", "netns", "exec", netns, *cmd] if netns else list(cmd)
-        pipe = subprocess.PIPE if capture else None
         popen = subprocess.Popen(
             argv,
             env=env,
-            stdout=pipe,
-            stderr=subprocess.STDOUT if capture else None,
+            cwd=cwd,
+            stdout=subprocess.PIPE if capture == "all" else None,
+            stderr={"all": subprocess.STDOUT, "stderr": subprocess.PIPE}.get(capture),
             text=True,
             errors="replace",
             start_new_session=True,
             preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None,
         )
-        member = Member(name, popen, netns)
+        member = Member(name, popen, netns, first=first)
         if capture:
-            member.tee = threading.Thread(target=self._tee, args=(member,), daemon=True)
+            stream = popen.stdout if capture == "all" else popen.stderr
+            member.tee = threading.Thread(target=self._tee, args=(member, stream), daemon=True)
             member.tee.start()
         self.members.append(member)
         return member
 
-    def _tee(self, m: Member) -> None:
+    def _tee(self, m: Member, stream) -> None:
         """A member's output, passed through but for its error line (the group ends on it
         once) and anything after the group began to fail."""
-        for line in m.popen.stdout:
+        for line in stream:
             if line.strip():
                 m.last[0] = line.strip()
             if self.quiet.is_set() or line.startswith("error:"):
@@ -131,7 +136,7 @@ class Group:
         """Fail on the first member that ended badly. Every member may end between two looks
         (a failed worker, then the others that followed it): the codes are read after the look
         that saw none running too, so a failed run never reads as a finished one."""
-        for m in self.members:
+        for m in sorted(self.members, key=lambda m: not m.first):
             rc = m.popen.poll()
             if rc:
                 self._failed(m, rc)

@@ -3,7 +3,9 @@ README's figure, made from the committed records only.
 
 The records in REFERENCE give one block of tables per machine group, as in the report. The
 README shows the groups of README_SOURCES (one GPU, one CPU machine) between BEGIN and END;
-docs/results.md shows every other group between its own markers; FIGURE (with its data in
+docs/results.md shows every other group between its own markers, and between two more the
+runs of each committed cluster records file (CLUSTER_FILES) as the report's "Scaling across
+nodes" shows them, with the predictions from the H100's 1-GPU records; FIGURE (with its data in
 FIGURE_DATA and inside the PNG, compare/figure.py) draws the README's GPU group. --check
 writes nothing and exits 1 when any of them differs from what the records give.
 tests/compare/test_readme.py runs the check, so none of them can drift from the records.
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common import results
-from compare import ceiling, figure, model_report, records, side_tables, tables
+from compare import ceiling, figure, model_report, records, scaling_report, side_tables, tables
 from compare.records import Entry, Machine
 from compare.render import markdown_table
 from compare.tables import DASH, STAR, Table
@@ -45,6 +47,21 @@ OTHERS_BEGIN = (
     "<!-- other-machines:begin (`make readme-tables` writes this part from the records) -->"
 )
 OTHERS_END = "<!-- other-machines:end -->"
+SCALING_BEGIN = "<!-- scaling:begin (`make readme-tables` writes this part from the records) -->"
+SCALING_END = "<!-- scaling:end -->"
+CLUSTER_FILES = "results/cluster-*.jsonl"  # the committed records of `make cluster`, by name
+NO_CLUSTER = (
+    "No cluster records are committed yet: `make cluster RESULTS=results/cluster-NAME.jsonl` "
+    f"writes them, and every `{CLUSTER_FILES}` committed is shown here."
+)
+# The 1-GPU records the predictions start from: the H100's, the card the project's GPU targets
+# were set for (one of REFERENCE, so read and checked with the others).
+PREDICTIONS_SOURCE = "results/gpu-h100.jsonl"
+PREDICTIONS_LABEL = (
+    "**Predictions, not measurements**, for interconnects the project has not been lent: the "
+    f"1-GPU record in `{PREDICTIONS_SOURCE}` of each engine the cluster ran (the H100, the "
+    "project's target card) as the compute, with the gradient bytes of the runs above."
+)
 CEILING_NOTE = (
     "ceiling: the framework's own tight-loop step of the same model on one device (`make "
     "ceiling`), per epoch; x ceiling = sec/epoch (1 dev) / ceiling sec/epoch, or, for a run "
@@ -64,6 +81,7 @@ class Part:
 
 README = Part("README.md", BEGIN, END, "the reference tables")
 OTHERS = Part("docs/results.md", OTHERS_BEGIN, OTHERS_END, "the other machines' tables")
+SCALING = Part("docs/results.md", SCALING_BEGIN, SCALING_END, "the scaling tables")
 
 
 class ReadmeError(ValueError):
@@ -105,15 +123,21 @@ def fragment(paths=REFERENCE, root: Path = ROOT) -> str:
 def render(machines: list[Machine], root: Path) -> str:
     """The markdown of a generated part (markers excluded): per group its line and tables,
     then each table note once."""
+    items = [x for m in machines for x in (machine_line(m, root), *machine_tables(m))]
+    return "\n\n".join(with_notes(items))
+
+
+def with_notes(items: list[Table | str]) -> list[str]:
+    """The blocks of `items`, each table without its notes and each line as it is, then every
+    table's notes once, below them all."""
     blocks, notes = [], []
-    for machine in machines:
-        blocks.append(machine_line(machine, root))
-        for table in machine_tables(machine):
-            notes += [n for n in table.notes if n not in notes]
-            blocks.append(markdown_table(dataclasses.replace(table, notes=[])))
-    if notes:
-        blocks.append(notes_block(notes))
-    return "\n\n".join(blocks)
+    for item in items:
+        if isinstance(item, str):
+            blocks.append(item)
+            continue
+        notes += [n for n in item.notes if n not in notes]
+        blocks.append(markdown_table(dataclasses.replace(item, notes=[])))
+    return blocks + ([notes_block(notes)] if notes else [])
 
 
 def notes_block(notes: list[str]) -> str:
@@ -139,11 +163,38 @@ def machine_tables(machine: Machine) -> list[Table]:
 
 def fragments(root: Path = ROOT) -> tuple[dict[Part, str], dict]:
     """The generated text of each part, and the figure's data."""
-    shown, others = split(load(REFERENCE, root), root)
+    reference = load(REFERENCE, root)
+    shown, others = split(reference, root)
     gpu = next(m for m in shown if m.platform == "gpu")
     sources = sorted({shown_path(e.source, root) for e in gpu.entries + gpu.ceilings})
     parts = {README: render(shown, root), OTHERS: render(others, root)}
+    parts[SCALING] = scaling_part(reference, root)
     return parts, figure.data(gpu, sources)
+
+
+def cluster_files(root: Path) -> list[str]:
+    return sorted(shown_path(str(p), root) for p in root.glob(CLUSTER_FILES))
+
+
+def scaling_part(reference: list[Machine], root: Path) -> str:
+    """Per cluster records file, each machine group's line, the scaling tables and their notes,
+    then the predictions (scaling_report.docs_items); NO_CLUSTER when there is no such file."""
+    paths = cluster_files(root)
+    if not paths:
+        return NO_CLUSTER
+    gpus = [
+        e for m in reference for e in m.entries if shown_path(e.source, root) == PREDICTIONS_SOURCE
+    ]
+    blocks = []
+    for path in paths:
+        groups = [m for m in load([path], root) if m.cluster]
+        if not groups:
+            blocks.append(f"`{path}`: no runs of the cluster in one box.")
+        for machine in groups:
+            measured, predicted = scaling_report.docs_items(machine.cluster, gpus)
+            blocks += [machine_line(machine, root), *with_notes(measured), PREDICTIONS_LABEL]
+            blocks += with_notes(predicted)
+    return "\n\n".join(blocks)
 
 
 def shown_path(source: str, root: Path) -> str:
@@ -291,13 +342,17 @@ def splice(text: str, new: str, part: Part = README) -> str:
 
 
 def rewrites(root: Path) -> tuple[list[tuple[Part, str, str]], dict]:
-    """(part, the file's text, its text from the records) of each Markdown file, and the
-    figure's data; ReadmeError or OSError when they cannot be made."""
+    """(part, the file's text, its text with the part from the records) of each part, and the
+    figure's data; ReadmeError or OSError when they cannot be made. Parts of one file follow
+    one another: each starts from the text the one before it left, so the last is the file's."""
     parts, data = fragments(root)
-    out = []
+    out, texts = [], {}
     for part, new in parts.items():
-        text = (root / part.path).read_text(encoding="utf-8")
-        out.append((part, text, splice(text, new, part)))
+        if part.path not in texts:
+            texts[part.path] = (root / part.path).read_text(encoding="utf-8")
+        old = texts[part.path]
+        texts[part.path] = splice(old, new, part)
+        out.append((part, old, texts[part.path]))
     return out, data
 
 
@@ -319,14 +374,14 @@ def main(argv: list[str] | None = None, root: Path = ROOT) -> int:
         if not stale:
             print(f"{README.path}, {OTHERS.path} and {FIGURE} match the records")
         return 1 if stale else 0
-    for part, old, new in texts:
+    for part, old, new in texts:  # in order: a file's later part holds its earlier ones
         if new != old:
             (root / part.path).write_text(new, encoding="utf-8")
     if figure.stale(data, png, sidecar):
         figure.write(data, png, sidecar)
     if stale:
         done = ", ".join(dict.fromkeys(path for path, _ in stale))
-        print(f"rewritten from {', '.join(REFERENCE)}: {done}")
+        print(f"rewritten from {', '.join([*REFERENCE, *cluster_files(root)])}: {done}")
     else:
         print(f"{README.path}, {OTHERS.path} and {FIGURE} already match the records")
     return 0

@@ -74,9 +74,10 @@ def step_seconds(e: Entry | None) -> float | None:
 
 
 def measured_bytes(e: Entry) -> float | None:
-    """Bytes node 0's link carried per step, the mean of the two directions."""
+    """Bytes node 0's link carried per step, the mean of the two directions; None on one
+    node, which has no link: what its interface counts there is stray packets, not training."""
     counts = e.rec.extra.get("link_bytes")
-    if not isinstance(counts, dict):
+    if e.nodes == 1 or not isinstance(counts, dict):
         return None
     return (counts["tx"] + counts["rx"]) / 2 / counts["steps"]
 

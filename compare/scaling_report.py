@@ -27,7 +27,7 @@ from compare.scaling import (
     link_text,
     step_seconds,
 )
-from compare.tables import DASH, Table, fmt_efficiency, fmt_speedup, time_cell
+from compare.tables import DASH, STAR, Table, fmt_efficiency, fmt_speedup, time_cell
 
 HEADING = "Scaling across nodes"
 EXPLANATION = (
@@ -57,6 +57,15 @@ NOTES = [
     f"{cm.MODEL_LIMIT:.0%}: the models that close; model used: the engine's (the one with the "
     "smaller mean error over its runs, where that mean is within the limit).",
 ]
+# Said only where a run of several nodes had one core per node: there the exchange's CPU work
+# cannot run beside the compute, which the overlap column alone would not tell.
+ONE_CORE_NOTE = (
+    "On nodes of one core (cores/device 1, one device per node), the kernel's TCP work and the "
+    "engine's reduction (gloo's, or ps-lite's servers') run on the node's only core, so "
+    "communication costs compute time there: exposed comm counts that time as well as the wait "
+    "on the link, comm (model) only the link's time as measured before training, and overlap is "
+    "then a lower bound on what the compute hid."
+)
 
 
 def nodes_table(workload: str, cells: list[Cell], chosen: dict[Engine, str | None]) -> Table:
@@ -66,9 +75,25 @@ def nodes_table(workload: str, cells: list[Cell], chosen: dict[Engine, str | Non
     headers += [f"within {cm.MODEL_LIMIT:.0%}", "model used"]
     body = [row(c, chosen.get(engine_of(c.entry))) for c in cells]
     notes = list(NOTES)
+    if any(one_core_nodes(c) for c in cells):
+        notes.append(ONE_CORE_NOTE)
+    runs = [e for c in cells for e in (c.entry, c.base) if e is not None]
+    steps = sorted({e.rec.steps_timed for e in runs if e.rec.extrapolated and e.rec.steps_timed})
+    if steps:
+        notes.append(
+            f"{STAR} extrapolated: the epoch time is projected from "
+            f"{'/'.join(map(str, steps))} timed steps per epoch, and so is every figure derived "
+            "from it."
+        )
     if any(c.base is None for c in cells):
         notes.append("–: no 1-node run of the engine, or a figure the record does not give.")
     return Table(f"{workload} across nodes", headers, body, notes)
+
+
+def one_core_nodes(c: Cell) -> bool:
+    """A run of several nodes whose every node had a single core (one device of one core)."""
+    engine = engine_of(c.entry)
+    return c.nodes > 1 and engine.cores == 1 and engine.devices_per_node == 1
 
 
 def row(c: Cell, model: str | None) -> list[str]:
@@ -211,24 +236,50 @@ def predicted_row(e: Entry, grad: int, name: str, bandwidth: float, n: int) -> l
 # --- the section ----------------------------------------------------------------------------------
 
 
+def by_workload(cluster: list[Entry]):
+    """(workload, its runs, their cells, the model chosen per engine) of each workload that has
+    cluster runs, in records.WORKLOADS order: what the report and docs/results.md both show."""
+    for workload in records.WORKLOADS:
+        mine = [e for e in cluster if e.rec.workload == workload]
+        if mine:
+            cells = cells_of(mine)
+            yield workload, mine, cells, choices(cells)
+
+
+def measured_tables(cluster: list[Entry]) -> list[Table]:
+    """The table of each workload's cluster runs, as the section shows them."""
+    return [nodes_table(w, cells, chosen) for w, _, cells, chosen in by_workload(cluster)]
+
+
+def predicted(kept: list[Entry], cluster: list[Entry]) -> list[Table | str]:
+    """Per workload of the cluster's runs, its predictions table or the line saying why none."""
+    workloads = sorted({e.rec.workload for e in cluster}, key=records.WORKLOADS.index)
+    return [predictions(kept, cluster, workload) for workload in workloads]
+
+
+def docs_items(cluster: list[Entry], gpus: list[Entry]) -> tuple[list, list[Table | str]]:
+    """What docs/results.md shows of one machine group's cluster runs (compare/readme.py):
+    each workload's title line and table, then the predictions from those of the 1-GPU records
+    `gpus` that ran an engine the cluster ran on several nodes (the same framework and tier), so
+    each prediction's compute is the engine it predicts."""
+    measured = [x for t in measured_tables(cluster) for x in (f"{t.title}:", t)]
+    engines = {(e.rec.framework, e.label) for e in cluster if e.nodes > 1}
+    mine = [e for e in gpus if (e.rec.framework, e.label) in engines]
+    return measured, predicted(mine, cluster)
+
+
 def section(doc: Doc, cluster: list[Entry], kept: list[Entry], draw: Callable) -> None:
     """The section of one machine group's cluster runs; `draw(workload, lines, used)` adds the
     workload's plot after its table (report.py); `kept`: every record shown in the report, where
     the predictions find their 1-GPU records."""
     doc.heading(3, HEADING)
     doc.para(EXPLANATION)
-    for workload in records.WORKLOADS:
-        mine = [e for e in cluster if e.rec.workload == workload]
-        if not mine:
-            continue
-        cells = cells_of(mine)
-        chosen = choices(cells)
+    for workload, mine, cells, chosen in by_workload(cluster):
         doc.heading(4, f"{workload} across nodes")
         doc.table(nodes_table(workload, cells, chosen))
         draw(workload, lines(cells, chosen), mine)
     doc.heading(4, "Predictions, not measurements: interconnects not lent")
-    for workload in sorted({e.rec.workload for e in cluster}, key=records.WORKLOADS.index):
-        table = predictions(kept, cluster, workload)
+    for table in predicted(kept, cluster):
         if isinstance(table, Table):
             doc.table(table)
         else:

@@ -34,34 +34,19 @@ resnet18's `dist_sync` strategy takes with `kvstore()`; `dist_fields` are the re
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import socket
-import subprocess
 import sys
-import threading
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from common import cli, config, cores, devices, processes, signals
+from common import cli, config, cores, devices, processes, signals, supervise
 
 ROOT = Path(__file__).resolve().parent.parent
 # A scheduler or server, by its DMLC_ROLE; it ends with its launcher, even a SIGKILLed one.
-SERVE = [sys.executable, "-c", "from common import signals; signals.watch_parent(); import mxnet"]
-LAUNCHED_ENV = "MULTIDEVICE_LAUNCHED"  # set for the processes this launcher starts
+SERVE = [sys.executable, "-c", "from common import signals; signals.watch_launcher(); import mxnet"]
 POLL_S = 0.2
 EXIT_WAIT_S = 30  # the scheduler and servers end once every worker has finalised
 _joined = []  # this worker's kvstore, once `join` has created it
-
-
-@dataclass
-class _Proc:
-    role: str
-    popen: subprocess.Popen
-    last: list = field(default_factory=lambda: [""])  # its last stderr line (workers)
-    tee: threading.Thread | None = None
 
 
 def counts(n_contexts: int) -> tuple[int, int]:
@@ -89,15 +74,17 @@ def dist_sync(worker_cmd: list[str], n_contexts: int, what: str, args=None) -> N
         workers, servers = counts(n_contexts)
         env = _environment(workers, servers, _port(), n_contexts)
         roles, local = ["scheduler"] + [f"server {i}" for i in range(servers)], workers
-    procs: list[_Proc] = []
-    try:
-        procs += [_start(role, SERVE, env) for role in roles]
+    with supervise.Group(what) as group:
+        for role in roles:  # `import mxnet` with its DMLC_ROLE
+            group.start(f"the kvstore {role}", SERVE, {**env, "DMLC_ROLE": role.split()[0]})
         for i in range(local):  # each worker keeps its slice of the cores (cores.narrow)
-            procs.append(_start(f"worker {i}", worker_cmd, {**env, cores.LOCAL_INDEX_ENV: str(i)}))
-        _watch(procs, what)
-    finally:
-        for p in procs:
-            _kill(p)
+            mine = {**env, "DMLC_ROLE": "worker", cores.LOCAL_INDEX_ENV: str(i)}
+            group.start(f"the kvstore worker {i}", worker_cmd, mine, capture="stderr", first=True)
+        try:
+            group.watch(exit_wait=EXIT_WAIT_S)
+        except supervise.Failed as e:  # one line, once for every process
+            print(e.line, file=sys.stderr)
+            raise SystemExit(e.code) from None
 
 
 def worker_argv(args, n_contexts: int) -> list[str]:
@@ -158,89 +145,10 @@ def _environment(workers: int, servers: int, port: int, n_contexts: int) -> dict
     env[cores.LOCAL_COUNT_ENV] = str(workers)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env[cli.NOTE_SHOWN_ENV] = "1"  # this process (cli.run) already said the devices are virtual
-    env[LAUNCHED_ENV] = "1"  # its workers end with it (`join`)
+    # Every process it starts ends with it, even if it was killed before they could look
+    # (signals.watch_launcher: the workers' cli.start, the scheduler's and servers' SERVE).
+    env[signals.PARENT_ENV] = str(os.getpid())
     return env
-
-
-def _start(role: str, cmd: list[str], env: dict) -> _Proc:
-    """One process in a session of its own (killed as a group; Ctrl-C reaches the launcher
-    only). A worker's stderr is passed through (_tee) and its last line kept, to end on."""
-    worker = role.startswith("worker")
-    popen = subprocess.Popen(
-        cmd,
-        env={**env, "DMLC_ROLE": role.split()[0]},
-        cwd=ROOT,
-        stderr=subprocess.PIPE if worker else None,
-        text=True,
-        start_new_session=True,
-    )
-    proc = _Proc(role, popen)
-    if worker:
-        proc.tee = threading.Thread(target=_tee, args=(popen.stderr, proc.last), daemon=True)
-        proc.tee.start()
-    return proc
-
-
-def _tee(stream, last: list) -> None:
-    """A worker's stderr, passed through but for its error line: the launcher ends on that,
-    once (_fail), where each worker would say it again."""
-    for line in stream:
-        if not line.startswith("error:"):
-            sys.stderr.write(line)
-            sys.stderr.flush()
-        if line.strip():
-            last[0] = line.strip()
-
-
-def _watch(procs: list[_Proc], what: str) -> None:
-    """Until every process has ended: any that fails stops the run, a worker's failure named
-    first (the others' follow from it). The scheduler and servers end (code 0) as the workers
-    finalise; from then on everyone gets EXIT_WAIT_S."""
-    ending = None
-    by_worker_first = sorted(procs, key=lambda p: not p.role.startswith("worker"))
-    while True:
-        # Read before the codes: every process may end between two looks, some failed, and
-        # their codes are still read below before this returns.
-        running = any(p.popen.poll() is None for p in procs)
-        for p in by_worker_first:
-            rc = p.popen.poll()
-            if rc:
-                _fail(p, rc, what)
-            if rc == 0 and ending is None:
-                ending = time.monotonic()
-        if not running:
-            return
-        if ending is not None and time.monotonic() - ending > EXIT_WAIT_S:
-            late = ", ".join(p.role for p in procs if p.popen.poll() is None)
-            raise SystemExit(
-                f"error: {what}: {late} did not exit within {EXIT_WAIT_S} s after the others "
-                "finished; stopped"
-            )
-        time.sleep(POLL_S)
-
-
-def _fail(p: _Proc, rc: int, what: str) -> None:
-    """End on the failed process's own error line where it left one, else on how it ended."""
-    if p.tee is not None:
-        p.tee.join(2)  # the rest of its stderr, up to its last line
-    if p.last[0].startswith("error:"):
-        print(p.last[0], file=sys.stderr)
-        raise SystemExit(rc if rc in (cli.EXIT_BAD_INPUT, cli.EXIT_DIVERGED) else 1)
-    how = f"was killed by {signal.Signals(-rc).name}" if rc < 0 else f"exited with code {rc}"
-    said = f" (its last line: {p.last[0]})" if p.last[0] else ""
-    raise SystemExit(
-        f"error: {what} failed: the kvstore {p.role} (pid {p.popen.pid}) {how}{said}; every "
-        "other process was stopped"
-    )
-
-
-def _kill(p: _Proc) -> None:
-    """SIGKILL the process's group (it and anything it started), then reap it."""
-    if p.popen.poll() is None:  # a reaped pid may belong to someone else by now
-        with contextlib.suppress(ProcessLookupError):  # it ended just now
-            os.killpg(p.popen.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        p.popen.wait(5)
 
 
 def is_worker() -> bool:
@@ -257,8 +165,6 @@ def join(plan: devices.DevicePlan):
 
     from mxnet_impl import devices as mdev
 
-    if os.environ.get(LAUNCHED_ENV):  # the launcher gone, even SIGKILLed: stop, write nothing
-        signals.watch_parent()
     workers, servers = counts(plan.count)
     needed = ("DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT")
     if os.environ.get("DMLC_ROLE") != "worker" or not all(map(os.environ.get, needed)):

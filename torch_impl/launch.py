@@ -20,9 +20,11 @@ torch_impl/torchrun.py):
 
   python -m torch.distributed.run --nnodes=2 --nproc-per-node=G --rdzv-backend=c10d \
       --rdzv-endpoint=HOST:29500 --rdzv-id=multidevice \
-      --rdzv-conf=is_host=true,join_timeout=360,read_timeout=360 -m torch_impl ...
+      --rdzv-conf=is_host=true,join_timeout=360,read_timeout=360 --local-addr=ADDR \
+      -m torch_impl ...
 
-(is_host=false on the other nodes).
+(is_host=false on the other nodes; ADDR this node's address toward HOST, GLOO_SOCKET_IFNAME its
+interface: `Nodes.local`).
 
 Several machines (resnet18 `--nnodes N --node-rank R --rdzv-endpoint HOST:PORT`): each node's
 torchrun joins a c10d rendezvous whose store node 0 hosts on HOST:PORT. torch's waits there end
@@ -44,14 +46,13 @@ import datetime
 import os
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from common import cli, config, devices, processes, signals
+from common import cli, config, devices, processes, signals, supervise
 
 ROOT = Path(__file__).resolve().parent.parent
 ERROR_FILE_ENV = "MULTIDEVICE_WORKER_ERROR_FILE"  # where a worker leaves its one-line error
@@ -82,18 +83,13 @@ class Nodes:
         timeout = args.rdzv_timeout or cli.RDZV_TIMEOUT_S
         return cls(args.nnodes, args.node_rank, args.rdzv_endpoint, timeout)
 
-    def torchrun_options(self, env: dict) -> list[str]:
+    def torchrun_options(self, address: str) -> list[str]:
+        """`address`: this node's own (`local`): torchrun advertises it for the workers' store."""
         # c10d numbers the nodes itself (torchrun ignores --node-rank there): the node rank
         # says which one hosts the store (is_host). torch's timeouts end after the launcher's,
         # so its line, not a torch traceback, is the one a user reads.
         limit = self.timeout + TORCH_MARGIN_S
         host = "true" if self.rank == 0 else "false"
-        # This node's address toward node 0, never its host name (which may resolve to
-        # loopback): torchrun advertises it for the workers' store, gloo binds to its interface.
-        address, interface = processes.route_to(*self.endpoint.rsplit(":", 1))
-        if interface:
-            env.setdefault("GLOO_SOCKET_IFNAME", interface)
-            env.setdefault("NCCL_SOCKET_IFNAME", interface)
         return [
             f"--nnodes={self.count}",
             "--rdzv-backend=c10d",
@@ -102,6 +98,15 @@ class Nodes:
             f"--rdzv-conf=is_host={host},join_timeout={limit},read_timeout={limit}",
             f"--local-addr={address}",
         ]
+
+    def local(self, env: dict) -> str:
+        """This node's address toward node 0, never its host name (which may resolve to
+        loopback); gloo (and NCCL's bootstrap) bind to the interface that holds it."""
+        address, interface = processes.route_to(*self.endpoint.rsplit(":", 1))
+        if interface:
+            env.setdefault("GLOO_SOCKET_IFNAME", interface)
+            env.setdefault("NCCL_SOCKET_IFNAME", interface)
+        return address
 
     def check(self) -> None:
         """HOST resolves here, and on node 0 nothing else holds PORT (a client of another
@@ -144,10 +149,15 @@ def torchrun(argv: list[str], nproc: int, what: str, nodes: Nodes | None = None,
     env.setdefault(devices.OMP_THREADS_ENV, str(max(1, devices.cores_allowed() // nproc)))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env[cli.NOTE_SHOWN_ENV] = "1"  # this process (cli.run) already said the devices are virtual
+    env[signals.PARENT_ENV] = str(os.getpid())  # torchrun ends with this launcher, even killed
     env.setdefault("LOGLEVEL", "ERROR")  # torchrun's warnings as it stops: the launcher says it
     cmd = [sys.executable, "-m", "torch_impl.torchrun"]  # torch.distributed.run, quiet if stopped
     with contextlib.ExitStack() as stack:
-        cmd += nodes.torchrun_options(env) if nodes else stack.enter_context(_loopback(env))
+        if nodes:
+            nodes.check()
+            cmd += nodes.torchrun_options(nodes.local(env))
+        else:
+            cmd += stack.enter_context(_loopback(env))
         cmd += [f"--nproc-per-node={nproc}", "--monitor-interval=0.5", "-m", "torch_impl", *argv]
         tmp = stack.enter_context(tempfile.TemporaryDirectory())
         _torchrun(cmd, env, tmp, what, nodes)
@@ -226,39 +236,28 @@ def _failure(what: str, rc: int, nodes: Nodes | None, met: bool) -> str:
 
 def _run(cmd: list[str], env: dict, nodes: Nodes | None) -> int:
     """torchrun in a session of its own, to its end; a Ctrl-C or an error here, or (one node
-    of several) a rendezvous not complete within `nodes.timeout`, stops it and its workers."""
+    of several) a rendezvous not complete within `nodes.timeout`, stops it and its workers:
+    SIGTERM lets torchrun stop them first, SIGKILL if it has not within STOP_WAIT_S."""
     if nodes:
-        nodes.check()
         print(
             f"node {nodes.rank} of {nodes.count}: waiting up to {nodes.timeout} s for every "
             f"node to join the rendezvous at {nodes.endpoint}",
             file=sys.stderr,
             flush=True,
         )
-    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, start_new_session=True)
-    try:
-        if nodes:
-            ready, deadline = Path(env[READY_FILE_ENV]), time.monotonic() + nodes.timeout
-            while proc.poll() is None and not ready.exists():
-                if time.monotonic() > deadline:
-                    raise config.ConfigError(nodes.timed_out())
-                time.sleep(POLL_S)
-        return proc.wait()
-    finally:
-        _stop(proc)
-        _kill_workers(Path(env[PIDS_FILE_ENV]))
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """End torchrun if it still runs. Its workers have sessions of their own: SIGTERM lets
-    torchrun stop them first; SIGKILL (its process group) if it has not within STOP_WAIT_S."""
-    for sig, wait in ((signal.SIGTERM, STOP_WAIT_S), (signal.SIGKILL, 5)):
-        if proc.poll() is not None:  # a reaped pid may belong to someone else by now
-            return
-        with contextlib.suppress(ProcessLookupError):  # it ended just now
-            os.killpg(proc.pid, sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(wait)
+    with supervise.Group("torchrun") as group:
+        proc = group.start("torchrun", cmd, env, capture=None, cwd=ROOT).popen
+        try:
+            if nodes:
+                ready, deadline = Path(env[READY_FILE_ENV]), time.monotonic() + nodes.timeout
+                while proc.poll() is None and not ready.exists():
+                    if time.monotonic() > deadline:
+                        raise config.ConfigError(nodes.timed_out())
+                    time.sleep(POLL_S)
+            return proc.wait()
+        finally:
+            group.stop(STOP_WAIT_S)
+            _kill_workers(Path(env[PIDS_FILE_ENV]))
 
 
 def _kill_workers(pids_file: Path) -> None:

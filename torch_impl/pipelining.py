@@ -8,6 +8,7 @@ import dataclasses
 import json
 import os
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -68,12 +69,23 @@ def worker(hooks, stage_of, make_data):
         schedule = _schedule(spec, cfg, stage_module, rank, world, device)
         trace = profiling.tracer_at(hooks, spec["profile"], "resnet50", spec["strategy"], rank)
         inputs, labels = make_data(cfg, [device])
-        timer, losses = _run(schedule, stage_module, cfg, (inputs, labels), rank, world, trace)
-        stage_params = [None] * world
+        timer, losses, busy = _run(
+            schedule, stage_module, cfg, (inputs, labels), rank, world, trace
+        )
+        stage_params, stage_busy = [None] * world, [None] * world
         dist.all_gather_object(stage_params, sum(p.numel() for p in stage_module.parameters()))
+        dist.all_gather_object(stage_busy, None if spec["gpu"] else busy / sum(timer.times))
         if rank == world - 1:
+            n_micro = cfg.batch_size // spec["split_size"]
             extra = {"num_stages": world, "stage_params": stage_params}
-            extra |= {"n_microbatches": cfg.batch_size // spec["split_size"]}
+            # On a CPU, the share of the timed repeats each stage computed (its CPU time over
+            # the wall time and its threads) beside GPipe's bubble (p - 1) / (m + p - 1): the
+            # rest of a stage's time it waited, for its peer or for the link.
+            extra |= {
+                "stage_busy": stage_busy,
+                "bubble_formula": (world - 1) / (n_micro + world - 1),
+            }
+            extra |= {"n_microbatches": n_micro}
             extra |= {"engine": "torch.distributed.pipelining", "backend": dist.get_backend()}
             out = {"times": timer.times, "warmup_times": timer.warmup_times, "extra": extra}
             out["losses"] = [loss.item() for loss in losses]
@@ -95,7 +107,8 @@ def _schedule(spec, cfg, stage_module, rank, world, device):
 
 def _run(schedule, stage_module, cfg, data, rank, world, trace=None):
     """resnet50's `train` loop with the schedule's step: rank 0 feeds the inputs, the last rank
-    the labels (and gets the micro-batches' losses). `trace`: --profile's, this rank's."""
+    the labels (and gets the micro-batches' losses). `trace`: --profile's, this rank's. Also
+    returns the CPU seconds per thread this rank computed in the timed repeats."""
     optimizer = optim.SGD(stage_module.parameters(), lr=cfg.lr)
     inputs, labels = data
     device = inputs.device
@@ -104,8 +117,9 @@ def _run(schedule, stage_module, cfg, data, rank, world, trace=None):
         tdev.sync([device])
         dist.barrier()
 
-    timer, losses = timing.Timer(barrier, warmup=cfg.warmup, trace=trace), []
-    for _ in range(cfg.warmup + cfg.repeats):
+    timer, losses, busy = timing.Timer(barrier, warmup=cfg.warmup, trace=trace), [], 0.0
+    for repeat in range(cfg.warmup + cfg.repeats):
+        begun = time.process_time()  # every thread of this process: its computing
         with timer.region():
             for b in range(cfg.num_batches):
                 optimizer.zero_grad()
@@ -118,4 +132,6 @@ def _run(schedule, stage_module, cfg, data, rank, world, trace=None):
                 else:
                     schedule.step()
                 optimizer.step()
-    return timer, losses
+        if repeat >= cfg.warmup:
+            busy += (time.process_time() - begun) / torch.get_num_threads()
+    return timer, losses, busy

@@ -18,9 +18,9 @@ from common import signals
 
 
 def main() -> int:
-    # Its launcher gone, even SIGKILLed: a SIGTERM to itself, which torchrun passes to its
-    # workers before it ends, as when the launcher stops it.
-    signals.watch_parent()
+    # Its launcher gone, even SIGKILLed (before this process could look, too): a SIGTERM to
+    # itself, which torchrun passes to its workers before it ends, as when the launcher stops it.
+    signals.watch_launcher()
     # Its warning per worker it stops ("Sending process N closing signal SIGTERM"): the
     # launcher says what happened, in one line.
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.ERROR)

@@ -124,6 +124,10 @@ def copy_reference(tmp_path):
     for name in (*readme.REFERENCE, readme.README.path, readme.OTHERS.path, *FIGURE_FILES):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / name, tmp_path / name)
+    page = tmp_path / readme.SCALING.path
+    if readme.SCALING_BEGIN not in page.read_text():  # a page from before the scaling part
+        with open(page, "a") as f:
+            f.write(f"\n## Scaling across nodes\n\n{readme.SCALING_BEGIN}\n{readme.SCALING_END}\n")
     with contextlib.redirect_stdout(io.StringIO()):  # the tests read what their own calls say
         assert readme.main([], root=tmp_path) == 0
 

@@ -74,6 +74,40 @@ def test_each_cluster_run_against_its_one_node_run_and_the_model(built):
     assert fast["bytes/step measured"] == "–"  # the record counted no bytes
 
 
+def test_a_one_node_run_has_no_link_to_count(built):
+    _, md, _ = built
+    rows = nodes_rows(md)
+    # the fixture's 1-node torch run counted 3,000 bytes each way (100 B a step): stray packets
+    assert rows[("torch ddp", "none", "1")]["bytes/step measured"] == "–"
+    assert rows[("mxnet gluon", "none", "1")]["bytes/step measured"] == "–"
+    assert scaling.measured_bytes(records.Entry(fc.cluster()[0], "r.jsonl", 0)) is None
+
+
+def notes_of(recs) -> list[str]:
+    entries = [records.Entry(r, "r.jsonl", i) for i, r in enumerate(recs)]
+    cells = scaling.cells_of(entries)
+    return scaling_report.nodes_table("resnet18", cells, scaling.choices(cells)).notes
+
+
+def test_nodes_of_one_core_say_what_exposed_comm_and_the_model_count():
+    notes = notes_of(fc.cluster())  # one device of one core per node
+    assert notes.count(scaling_report.ONE_CORE_NOTE) == 1
+    note = scaling_report.ONE_CORE_NOTE
+    assert note.count(". ") == 0 and note.endswith(".")  # one sentence
+    for said in ("only core", "exposed comm counts", "comm (model) only the link's time"):
+        assert said in note
+    star = "* extrapolated: the epoch time is projected from 10 timed steps per epoch"
+    assert any(n.startswith(star) for n in notes)  # the s* cells explained
+    # two cores per node: the exchange's CPU work may run beside the compute; no such note
+    wider = fc.cluster()
+    for r in wider:
+        r.extra["cores_per_device"] = 2
+    assert scaling_report.ONE_CORE_NOTE not in notes_of(wider)
+    # the 1-node runs alone: nothing was exchanged
+    alone = [r for r in fc.cluster() if r.extra["nodes"] == 1]
+    assert scaling_report.ONE_CORE_NOTE not in notes_of(alone)
+
+
 def test_a_parameter_server_engine_matched_to_its_one_node_gluon_run(built):
     _, md, _ = built
     ps = nodes_rows(md)[("mxnet dist", "1gbit", "2")]

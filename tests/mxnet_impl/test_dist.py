@@ -146,23 +146,6 @@ def test_a_missing_peer_is_one_line_in_bounded_time(tmp_path):
     assert time.monotonic() - start < 30 and not (tmp_path / "r.jsonl").exists()
 
 
-def test_processes_that_all_ended_between_two_polls_are_still_checked(capsys):
-    """The launcher's watch, where every process had ended (a worker failed, the scheduler
-    then finished) before its first look: it used to see nothing running and return, and a
-    run whose workers had failed exited 0. It ends on the worker's line and code."""
-
-    def ended(role, code, last=""):
-        popen = subprocess.Popen([sys.executable, "-c", f"raise SystemExit({code})"])
-        popen.wait(timeout=60)
-        return launch._Proc(role, popen, [last])
-
-    procs = [ended("scheduler", 0), ended("server 0", 0), ended("worker 0", 2, "error: bad")]
-    with pytest.raises(SystemExit) as stop:
-        launch._watch(procs, "MXNet dist_sync training")
-    assert stop.value.code == 2 and capsys.readouterr().err == "error: bad\n"
-    launch._watch(procs[:2], "MXNet dist_sync training")  # all ended well: returns
-
-
 @pytest.mark.parametrize(
     "argv",
     [

@@ -77,7 +77,7 @@ def ends_in_one_line(proc: subprocess.Popen, timeout: float) -> tuple[str, float
 def test_the_documented_torchrun_command_is_what_the_launcher_runs():
     text = block("python -m torch.distributed.run")
     nodes = launch.Nodes(2, 0, "HOST:29500", cli.RDZV_TIMEOUT_S)
-    for option in [*nodes.torchrun_options({}), "--nproc-per-node=G", "-m torch_impl "]:
+    for option in [*nodes.torchrun_options("ADDR"), "--nproc-per-node=G", "-m torch_impl "]:
         assert option in text, f"the docstring's torchrun command lacks {option}"
 
 

@@ -1,0 +1,212 @@
+"""The cluster in one box (compare/cluster.py, common/netns.py, common/supervise.py) with stand-in
+nodes (tests/fixtures/fake_node.py: the frameworks' command line, a megabyte each way per
+epoch, node 0's record and exit barrier): namespaces made and removed, the link's bytes counted
+and its rate held, and every fault (a link down, a node killed, a node stopped, the cluster
+itself stopped), in the middle of the run and in the exit barrier, ends every node within
+seconds, with one line, no record, no process and no namespace left. The frameworks' own
+engines in the same cluster: tests/<framework>_impl/test_cluster.py."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from common import netns, supervise
+from compare import cluster
+from tests.fixtures import interrupt
+
+ROOT = Path(__file__).resolve().parents[2]
+FAULT_BOUND_S = 60  # every node ends within this after a fault
+cores = len(os.sched_getaffinity(0))
+
+
+def can_make_namespaces() -> str | None:
+    try:
+        netns.check_can_make()
+    except netns.NetnsError as e:
+        return str(e)
+    return None
+
+
+needs_netns = pytest.mark.skipif(
+    os.geteuid() != 0 or bool(can_make_namespaces()),
+    reason=f"network namespaces cannot be made here: {can_make_namespaces()}",
+)
+needs_two_cores = pytest.mark.skipif(cores < 2, reason="two nodes need a core each")
+
+
+@pytest.fixture
+def fake_python(tmp_path):
+    python = tmp_path / "python"
+    node = ROOT / "tests" / "fixtures" / "fake_node.py"
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{node}" "$@"\n')
+    python.chmod(0o755)
+    return python
+
+
+def start(python, results, *more, nodes="1 2", link="unlimited"):
+    """compare.cluster with the stand-in nodes, its output in a pipe."""
+    argv = ["--frameworks", "torch", "--nodes", *nodes.split(), "--links", link]
+    argv += ["--preset", "smoke"]
+    argv += ["--results", str(results), "--python", str(python), *more]
+    return subprocess.Popen(
+        [sys.executable, "-m", "compare.cluster", *argv],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        preexec_fn=interrupt.terminal_signals,
+    )
+
+
+def left_behind(pid: int) -> tuple[list[str], list[str]]:
+    """The namespaces of the cluster `pid` still there, and any process left inside them."""
+    names = [n for n in netns.existing() if n.startswith(f"{netns.PREFIX}{pid}-")]
+    return names, [str(p) for n in names for p in supervise.netns_pids(n)]
+
+
+@needs_netns
+@needs_two_cores
+def test_two_nodes_run_over_their_own_link_and_the_record_says_so(fake_python, tmp_path):
+    results = tmp_path / "r.jsonl"
+    proc = start(fake_python, results, link="100mbit")
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    assert left_behind(proc.pid) == ([], [])
+    recs = [json.loads(line) for line in results.read_text().splitlines()]
+    assert [r["extra"]["nodes"] for r in recs] == [1, 2]  # the 1-node baseline first
+    extra = recs[1]["extra"]
+    assert extra["link"]["name"] == "100mbit" and extra["link"]["rate_bps"] == 100e6
+    # the probe measured the rate tc set, within what TCP's headers take
+    assert 85e6 < extra["link"]["measured_bps"] < 100e6
+    counted = extra["link_bytes"]  # a megabyte each way per step, and TCP's headers
+    assert counted["iface"] == netns.IFACE and counted["steps"] == 3
+    assert all(1 << 20 <= counted[way] / 3 <= 1.1 * (1 << 20) for way in ("tx", "rx")), counted
+    assert extra["cores_used"] == sorted(os.sched_getaffinity(0))[:2]
+    assert "[node 1]" in out and "[2/2] ok" in out
+
+
+FAULTS = {
+    "link": lambda ns: ["ip", "-n", ns, "link", "set", netns.IFACE, "down"],
+    "kill": lambda ns: ["sh", "-c", f"kill -9 $(ip netns pids {ns})"],
+    "stop": lambda ns: ["sh", "-c", f"kill -STOP $(ip netns pids {ns})"],
+}
+SAID = {
+    "link": "node 1's link went down",
+    "kill": "node 1 (pid",
+    "stop": "node 1 was stopped (SIGSTOP",
+}
+
+
+@needs_netns
+@needs_two_cores
+@pytest.mark.parametrize("when", ["epoch 1/", "images/sec"])  # mid-run; in the exit barrier
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_a_fault_on_one_node_ends_every_node_in_bounded_time(fake_python, tmp_path, fault, when):
+    results = tmp_path / "r.jsonl"
+    proc = start(fake_python, results, "--epochs", "3", nodes="2")
+    seen = wait_for(proc, when)
+    began = time.monotonic()
+    subprocess.run(FAULTS[fault](f"{netns.PREFIX}{proc.pid}-n1"), check=True, timeout=30)
+    out, _ = proc.communicate(timeout=FAULT_BOUND_S)
+    took = time.monotonic() - began
+    last = (seen + out).strip().splitlines()[-1]
+    assert proc.returncode == 1 and SAID[fault] in last and last.startswith("error: "), seen + out
+    assert took < FAULT_BOUND_S and "Traceback" not in seen + out
+    assert left_behind(proc.pid) == ([], []) and not results.exists()
+
+
+def wait_for(proc: subprocess.Popen, text: str, bound: float = 90) -> str:
+    """The output up to the 2-node run's line holding `text`."""
+    seen, end = "", time.monotonic() + bound
+    while time.monotonic() < end:
+        line = proc.stdout.readline()
+        seen += line
+        if text in line and "on 2 node(s)" in seen:
+            return seen
+    proc.kill()
+    pytest.fail(f"never saw {text!r}:\n{seen}")
+
+
+@needs_netns
+@needs_two_cores
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_stopped_cluster_removes_every_namespace_and_process(fake_python, tmp_path, signum):
+    proc = start(fake_python, tmp_path / "r.jsonl", nodes="2")
+    wait_for(proc, "epoch 1/")
+    proc.send_signal(signum)
+    out, _ = proc.communicate(timeout=FAULT_BOUND_S)
+    assert proc.returncode == 128 + signum, out
+    assert out.strip().splitlines()[-1] == "interrupted; no record written"
+    assert left_behind(proc.pid) == ([], [])
+    assert not (tmp_path / "r.jsonl").exists()
+
+
+@needs_netns
+@needs_two_cores
+def test_a_killed_clusters_nodes_end_and_the_next_run_removes_its_namespaces(fake_python, tmp_path):
+    proc = start(fake_python, tmp_path / "r.jsonl", nodes="2", link="unlimited")
+    wait_for(proc, "epoch 1/")
+    proc.kill()
+    proc.wait()
+    end = time.monotonic() + 10  # the nodes watch the cluster that started them
+    while left_behind(proc.pid)[1] and time.monotonic() < end:
+        time.sleep(0.2)
+    names, pids = left_behind(proc.pid)
+    assert names and not pids
+    netns.remove_stale()
+    assert left_behind(proc.pid) == ([], [])
+
+
+def test_without_cap_net_admin_the_cluster_says_so_in_one_line(monkeypatch, capsys):
+    said = subprocess.CompletedProcess(
+        [], 1, "", "mount --make-shared /run/netns failed: Operation not permitted\n"
+    )
+    monkeypatch.setattr(netns.subprocess, "run", lambda *a, **k: said)
+    monkeypatch.setattr(cluster.results, "check_writable", lambda path: None)
+    assert cluster.main(["--nodes", "1", "--preset", "smoke"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "network namespaces cannot be made here" in err
+    assert "Operation not permitted" in err and "root or CAP_NET_ADMIN" in err
+
+
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["--links", "fast"], "link rate 'fast': give unlimited or a rate such as"),
+        (["--nodes", "0"], "must be >= 1"),
+        (["--nodes", str(cores + 1)], f"this machine gives {cores}"),
+    ],
+)
+def test_bad_settings_are_one_line_before_anything_is_made(argv, said, capsys, monkeypatch):
+    monkeypatch.setattr(netns, "_ip", lambda *a, **k: pytest.fail("made something"))
+    assert cluster.main([*argv, "--preset", "smoke"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and said in err and "\n" not in err
+
+
+def test_the_plan_runs_one_node_once_then_every_link_at_every_larger_count():
+    args = cluster.parser().parse_args(
+        ["--frameworks", "jax", "--nodes", "2", "1", "4", "--links", "1gbit", "100mbit"]
+    )
+    assert cluster.plan(args) == [
+        ("jax", 1, "none"),
+        ("jax", 2, "1gbit"),
+        ("jax", 4, "1gbit"),
+        ("jax", 2, "100mbit"),
+        ("jax", 4, "100mbit"),
+    ]
+
+
+def test_rates():
+    assert netns.rate_bps("unlimited") is None
+    assert netns.rate_bps("2.5gbit") == 2.5e9 and netns.rate_bps("100mbit") == 100e6
+    for bad in ("0mbit", "1gb", "fast"):
+        with pytest.raises(netns.config.ConfigError):
+            netns.rate_bps(bad)

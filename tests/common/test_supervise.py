@@ -1,0 +1,105 @@
+"""common/supervise.py: members that end together. The first failure ends the group on its own
+line (or on how it ended), a worker's named before the processes that followed it; members that
+all ended between two looks are still read; a check's reason, a deadline and the wait after the
+first member finished each end it; stopping kills every member's session."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from common import supervise
+
+PY = sys.executable
+
+
+def member(group, name, code, line="", first=False, sleep=0.0):
+    """A member that prints `line`, sleeps, and exits with `code`."""
+    script = f"import sys, time; print({line!r}, flush=True); time.sleep({sleep}); sys.exit({code})"
+    return group.start(name, [PY, "-c", script], first=first)
+
+
+def test_members_that_all_ended_between_two_looks_are_still_read():
+    """Every member may end before the first look (a worker failed, the scheduler then
+    finished): the run must fail on the worker's line and code, never read as finished."""
+    with supervise.Group("training") as group:
+        member(group, "scheduler", 0)
+        member(group, "server 0", 3, "server died")
+        member(group, "worker 0", 2, "error: bad input", first=True)
+        for m in group.members:
+            m.popen.wait(30)
+        with pytest.raises(supervise.Failed) as failed:
+            group.watch()
+    assert (failed.value.line, failed.value.code) == ("error: bad input", 2)
+
+
+def test_a_member_without_an_error_line_is_named_with_how_it_ended():
+    with supervise.Group("training") as group:
+        member(group, "worker 0", 0, sleep=5)
+        m = member(group, "server 0", 7, "last words")
+        with pytest.raises(supervise.Failed) as failed:
+            group.watch()
+    assert failed.value.line == (
+        f"error: training failed: server 0 (pid {m.popen.pid}) exited with code 7 (its last "
+        "line: last words); every other process was stopped"
+    )
+    assert failed.value.code == 1
+    assert all(m.popen.poll() is not None for m in group.members)  # the sleeper was stopped
+
+
+def test_all_ending_well_returns():
+    with supervise.Group("training") as group:
+        member(group, "a", 0, "hello")
+        member(group, "b", 0)
+        group.watch()
+
+
+@pytest.mark.parametrize(
+    "kwargs, said",
+    [
+        ({"checks": [lambda: "node 1's link went down"]}, "error: run: node 1's link went down;"),
+        ({"deadline": 0.5}, "error: run did not finish within 0 s; stopped"),
+        ({"exit_wait": 0.5}, "error: run: slow did not exit within 0 s after the others"),
+    ],
+)
+def test_checks_deadlines_and_late_members_end_the_group(kwargs, said):
+    began = time.monotonic()
+    with supervise.Group("run") as group:
+        member(group, "quick", 0)
+        member(group, "slow", 0, sleep=60)
+        with pytest.raises(supervise.Failed) as failed:
+            group.watch(**kwargs)
+    assert failed.value.line.startswith(said) and time.monotonic() - began < 20
+
+
+def test_stop_kills_what_members_started_in_their_sessions():
+    """A member's own children (torchrun's workers, say) are in its session: killed with it."""
+    grandchild = (
+        "import subprocess, sys, time\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "print('up', flush=True)\n"
+        "time.sleep(60)"
+    )
+    with supervise.Group("run") as group:
+        m = group.start("parent", [PY, "-c", grandchild])
+        while m.last[0] != "up":
+            time.sleep(0.05)
+        kids = subprocess.run(["pgrep", "-s", str(m.popen.pid)], capture_output=True, text=True)
+        assert len(kids.stdout.split()) == 2
+    end = time.monotonic() + 10  # SIGKILL is delivered, and the orphan reaped, in a moment
+    while subprocess.run(["pgrep", "-s", str(m.popen.pid)], capture_output=True).returncode == 0:
+        assert time.monotonic() < end, "a process of the member's session outlived the stop"
+        time.sleep(0.1)
+
+
+def test_stopped_processes_are_found_in_proc():
+    proc = subprocess.Popen([PY, "-c", "import time; time.sleep(60)"])
+    try:
+        assert supervise.stopped([proc.pid]) == []
+        proc.send_signal(19)  # SIGSTOP
+        time.sleep(0.3)
+        assert supervise.stopped([proc.pid, 999999999]) == [proc.pid]
+    finally:
+        proc.kill()
+        proc.wait()

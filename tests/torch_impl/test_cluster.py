@@ -1,0 +1,23 @@
+"""torch's multi-node engine across two network namespaces (compare/cluster.py), each node with its
+own address, interface and core, the host name resolving to loopback as it is: the record and
+the bytes its link carried; and a fault on node 1 (its link down in torchrun's exit barrier,
+after rank 0 wrote its record) that ends every node within a minute with one line (the other
+faults: tests/common/test_cluster.py)."""
+
+import pytest
+
+from tests.fixtures import cluster_runs
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.multi_device,
+    pytest.mark.skipif(bool(cluster_runs.why_not()), reason=f"{cluster_runs.why_not()}"),
+]
+
+
+def test_two_nodes_train_over_their_link(tmp_path):
+    cluster_runs.two_nodes("torch", tmp_path)
+
+
+def test_a_fault_on_one_node_ends_every_node(tmp_path):
+    cluster_runs.fault("torch", tmp_path, "link", "images/sec")
