@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 POLL_S = 0.2
+CHECK_S = 1.0  # the checks (a namespace's processes, a link's state) run `ip`: once a second
 TERM_GRACE_S = 5.0  # a member given SIGTERM has this long before SIGKILL
 
 
@@ -110,16 +111,18 @@ class Group:
         """Until every member has ended well; raise Failed on the first that fails, on a check
         that returns a reason, past `deadline` s, or (`exit_wait`) when members still run that
         long after the first ended well."""
-        begun, first_done = time.monotonic(), None
+        begun, first_done, checked = time.monotonic(), None, 0.0
         while True:
             running = any(m.alive() for m in self.members)  # before the codes: see _codes
             self._codes()
             if not running:
                 return
-            for check in checks:
-                if reason := check():
-                    self.fail(f"error: {self.what}: {reason}; every process was stopped")
             now = time.monotonic()
+            if now - checked >= CHECK_S:
+                checked = now
+                for check in checks:
+                    if reason := check():
+                        self.fail(f"error: {self.what}: {reason}; every process was stopped")
             if first_done is None and any(m.popen.poll() == 0 for m in self.members):
                 first_done = now
             if exit_wait is not None and first_done is not None and now - first_done > exit_wait:

@@ -116,6 +116,9 @@ def node_command(fw: str, node: int, nodes: int, args, out: Path, net) -> list[s
     for flag, value in (("--epochs", args.epochs), ("--steps-per-epoch", args.steps_per_epoch)):
         if value is not None:
             cmd += [flag, str(value)]
+    # One node is the engine's compute alone: Gluon on its one device for MXNet, whose dist on
+    # one node would add a local parameter server that no 1-device run has (torch's DDP and
+    # JAX's mesh of one device train the plain model).
     strategy = ENGINES[fw][0] if nodes > 1 or fw != "mxnet" else "gluon"
     cmd += ["--strategy", strategy]
     if nodes > 1:
@@ -124,7 +127,7 @@ def node_command(fw: str, node: int, nodes: int, args, out: Path, net) -> list[s
     return cmd
 
 
-def node_env(args) -> dict:
+def node_env() -> dict:
     env = dict(os.environ)
     env[link.IFACE_ENV] = netns.IFACE
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
@@ -161,7 +164,7 @@ def run_one(fw: str, nodes: int, rate: str, args) -> dict:
             outs = [Path(tmp) / f"node{i}.jsonl" for i in range(nodes)]
             for i in range(nodes):
                 cmd = node_command(fw, i, nodes, args, outs[i], net)
-                group.start(f"node {i}", cmd, node_env(args), node_cores(i, args), net.ns(i))
+                group.start(f"node {i}", cmd, node_env(), node_cores(i, args), net.ns(i))
             checks = [lambda: stopped_node(net, nodes), net.link_problem]
             try:
                 group.watch(checks, deadline=args.timeout, exit_wait=EXIT_WAIT_S)

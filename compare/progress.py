@@ -31,12 +31,13 @@ PRIORS: dict[tuple[str, str], tuple[float, float, float]] = {
     ("resnet50", "full"): (20, 40, 200),
 }
 # A CPU's scaling runs (a core per device, fewer steps: compare/plan.py PINNED_FLAGS), on 1 and
-# 2 devices; resnet50's are its 2-device runs above.
+# 2 devices, following results/cpu-avx512-2core-cores.jsonl's session; resnet50's are its
+# 2-device runs above.
 PINNED_PRIORS: dict[tuple[str, str], tuple[float, float]] = {
     ("lenet", "smoke"): (10, 10),
-    ("lenet", "cpu"): (120, 90),
+    ("lenet", "cpu"): (110, 80),
     ("resnet18", "smoke"): (15, 15),
-    ("resnet18", "cpu"): (150, 130),
+    ("resnet18", "cpu"): (85, 75),
 }
 UNKNOWN_PRIOR = 60.0  # a workload or preset the table does not know yet
 

@@ -23,5 +23,9 @@ def test_a_launcher_killed_outright_takes_its_processes_along(tmp_path):
     stopping.check_killed_launcher(DIST, tmp_path)
 
 
+def test_a_launcher_killed_while_its_processes_start_takes_them_along(tmp_path):
+    stopping.check_killed_starting(DIST, tmp_path)
+
+
 def test_paths_mean_the_same_from_another_folder(tmp_path):
     stopping.check_another_folder(DIST, tmp_path)

@@ -9,6 +9,7 @@ from tests.fixtures import stopping
 
 pytestmark = [pytest.mark.slow, pytest.mark.multi_device]
 DDP = ["torch_impl", "--workload", "resnet18", "--gpus", "2"]
+GPIPE = ["torch_impl", "--workload", "resnet50", "--gpus", "2", "--strategy", "gpipe"]
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
@@ -20,6 +21,11 @@ def test_a_stop_signal_ends_the_run_and_its_workers(tmp_path, signum):
 
 def test_a_launcher_killed_outright_takes_torchrun_and_the_workers_along(tmp_path):
     stopping.check_killed_launcher(DDP, tmp_path)
+
+
+@pytest.mark.parametrize("command", [DDP, GPIPE], ids=["ddp", "gpipe"])
+def test_a_launcher_killed_while_torchrun_starts_takes_it_along(tmp_path, command):
+    stopping.check_killed_starting(command, tmp_path)
 
 
 def test_paths_mean_the_same_from_another_folder(tmp_path):
