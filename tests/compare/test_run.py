@@ -758,7 +758,8 @@ def test_every_step_has_a_prior_that_the_preset_scales():
     cpu = [progress.prior(s, "cpu") for s in plan.steps]
     smoke = [progress.prior(s, "smoke") for s in plan.steps]
     assert all(p > 0 for p in cpu + smoke)
-    assert sum(smoke) < sum(cpu) / 10  # a smoke run takes seconds, a cpu run minutes
+    # a smoke run takes seconds, a cpu run a minute (a scaling run's fewer steps) or several
+    assert sum(smoke) < sum(cpu) / 5
     sweep = [s for s in plan.steps if "--sweep" in s.flags][0]
     single = [s for s in plan.steps if s.workload == "resnet50" and not s.flags][0]
     assert progress.prior(sweep, "cpu") > progress.prior(single, "cpu")
