@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from common import checks, cli, config, data, devices, profiling, results, timing
+from common import checks, cli, config, data, devices, profiling, results, signals, timing
 
 STRATEGY = "ceiling"  # the record's strategy: compare/ keeps it apart from training records
 WORKLOADS = ("lenet", "resnet18")
@@ -99,7 +99,7 @@ def run(framework: str, main: Callable, argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return cli.EXIT_BAD_INPUT
     except KeyboardInterrupt:
-        print("interrupted; no record written", file=sys.stderr)
+        print(signals.STOPPED, file=sys.stderr)
         return cli.EXIT_INTERRUPTED
     return 0
 

@@ -9,6 +9,7 @@ one line on stderr and exit code 2.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -53,6 +54,17 @@ def whole_number(text: str) -> int:
     return value
 
 
+def learning_rate(text: str) -> float:
+    """--lr: refused as typed, before float64 rounds it (`1e-400` is 0.0, `1e400` inf)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"lr must be a positive finite number, got {text}")
+    return value
+
+
 def parser(framework: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=f"python -m {framework}_impl",
@@ -72,7 +84,7 @@ def parser(framework: str) -> argparse.ArgumentParser:
     p.add_argument("--strategy", default=None, help="parallel strategy (workload-specific)")
     p.add_argument("--epochs", type=whole_number, default=None)
     p.add_argument("--batch-size", type=whole_number, default=None)
-    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--lr", type=learning_rate, default=None)
     p.add_argument(
         "--steps-per-epoch",
         type=whole_number,
@@ -179,7 +191,7 @@ def run(
         print(f"error: {e}", file=sys.stderr)
         return exit_code(e)
     except KeyboardInterrupt as e:
-        print("interrupted; no record written", file=sys.stderr)
+        print(signals.STOPPED, file=sys.stderr)
         return signals.exit_code(e)
     return 0
 

@@ -165,14 +165,17 @@ def check_environment(
     """Refuse, in one line (config.ConfigError), an environment that would crash or hang
     `framework` running `workload` with `strategy` (None: the workload's default); called
     before the framework is imported. `env`: os.environ. Checks OMP_NUM_THREADS (every
-    framework), XLA_FLAGS (JAX), GLOO_SOCKET_IFNAME (torch) and ps-lite's DMLC_* (MXNet)."""
+    framework), XLA_FLAGS (JAX), GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME (torch) and
+    ps-lite's DMLC_* (MXNet), DMLC_INTERFACE among them."""
     env = os.environ if env is None else env
     _check_omp_threads(env)
     if framework == "jax":
         _check_xla_flags(env)
     if framework == "torch":
         _check_interface(env, "GLOO_SOCKET_IFNAME")
+        _check_interface(env, "NCCL_SOCKET_IFNAME", nccl=True)
     if framework == "mxnet":
+        _check_interface(env, "DMLC_INTERFACE")
         _check_ps_lite(env, workload, strategy)
 
 
@@ -220,14 +223,21 @@ def _check_xla_flags(env: Mapping[str, str]) -> None:
         )
 
 
-def _check_interface(env: Mapping[str, str], name: str) -> None:
-    """A network interface named by `name` (a comma-separated list) must exist here: gloo
-    otherwise fails in every worker, each with a traceback."""
+def _check_interface(env: Mapping[str, str], name: str, nccl: bool = False) -> None:
+    """A network interface named by `name` (a comma-separated list) must exist here: gloo,
+    NCCL and ps-lite otherwise fail in every worker, each with a traceback, or wait. NCCL's
+    names are prefixes (`eth` is eth0 too), exact after `=`, and after `^` ones to avoid."""
     text = env.get(name)
-    if text is None:
+    if text is None or (nccl and text.startswith("^")):
         return
     present = network_interfaces()
-    missing = [i for i in text.split(",") if i.strip() not in present]
+    if nccl and text.startswith("="):
+        text, nccl = text[1:], False
+    missing = [
+        i
+        for i in text.split(",")
+        if not any(p == i.strip() or (nccl and p.startswith(i.strip())) for p in present)
+    ]
     if missing or not text.strip():
         raise config.ConfigError(
             f"{name}={text} names no network interface of this machine "

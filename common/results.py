@@ -174,6 +174,14 @@ def _finite(value):
 def check_writable(path) -> None:
     """Refuse, before any training, a results path that could not be appended to."""
     path = Path(path)
+    if path.is_symlink():  # appending follows the link and makes no folder on the way
+        target = Path(os.path.realpath(path))
+        if not target.parent.is_dir():
+            raise ResultsError(
+                f"results file {path} links to {target}, whose folder does not exist; "
+                "choose another --results (RESULTS=)"
+            )
+        path = target
     parent = next((p for p in path.parents if p.exists()), Path("."))
     problem = None
     if path.exists() and not path.is_file():
@@ -202,7 +210,7 @@ def load(paths, skip_bad: bool = False, warnings: list[str] | None = None) -> li
                 if not raw.strip():
                     continue
                 try:
-                    data = json.loads(raw.decode("utf-8"))
+                    data = printable(json.loads(raw.decode("utf-8")))
                     if not isinstance(data, dict):
                         raise ResultsError("not a JSON object")
                     records.append(Record.from_dict(data))
@@ -213,6 +221,22 @@ def load(paths, skip_bad: bool = False, warnings: list[str] | None = None) -> li
                     if warnings is not None:
                         warnings.append(message)
     return records
+
+
+# JSON can hold what no font draws and no page should carry: a lone surrogate (`"\ud800"`),
+# control characters (NUL, ESC and its terminal sequences). A record is read as text to show.
+UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def printable(value):
+    """`value` (a record's JSON) with every unprintable character of its strings as `?`."""
+    if isinstance(value, str):
+        return UNPRINTABLE.sub("?", value)
+    if isinstance(value, dict):
+        return {printable(k): printable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [printable(v) for v in value]
+    return value
 
 
 def _short(e: Exception) -> str:

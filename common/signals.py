@@ -12,6 +12,7 @@ import atexit
 import contextlib
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,6 +21,7 @@ STOPS = (signal.SIGTERM, signal.SIGHUP)  # handled as SIGINT is
 GRACE = 5.0  # seconds a stop waits for the main thread before the watchdog ends the process
 LEAVE_BOUND = 30.0  # seconds the watchdog gives a goodbye of `on_leaving`
 _LEAVE: list[Callable[[], None]] = []
+STOPPED = "interrupted; no record written"
 
 
 class Stopped(KeyboardInterrupt):
@@ -69,6 +71,23 @@ def as_interrupt(grace: float = GRACE) -> Iterator[None]:
             signal.signal(s, old)
 
 
+def main(run: Callable[[], int]) -> int:
+    """A command's `run()`, its exit code: a stop that comes before the run's own handling
+    (`as_interrupt`), while numpy and the framework still import, ends in the same one line."""
+    for s in STOPS:
+        if signal.getsignal(s) is signal.SIG_DFL:
+            signal.signal(s, _raise_stopped)
+    try:
+        return run()
+    except KeyboardInterrupt as e:
+        print(STOPPED, file=sys.stderr)
+        return exit_code(e)
+
+
+def _raise_stopped(signum, frame):
+    raise Stopped(signum)
+
+
 def on_leaving(leave: Callable[[], None]) -> None:
     """Call `leave` once as the process ends, however it ends: at its normal exit, or from the
     watchdog before it ends a process whose main thread could not take up a stop (within
@@ -100,7 +119,7 @@ def _watchdog(read: int, taken: threading.Event, grace: float) -> None:
                     goodbye.start()
                     goodbye.join(LEAVE_BOUND)
                 with contextlib.suppress(OSError):  # stderr closed with a killed launcher
-                    os.write(2, b"interrupted; no record written\n")
+                    os.write(2, f"{STOPPED}\n".encode())
                 os._exit(128 + signum)
 
 

@@ -1,12 +1,20 @@
 """`python -m jax_impl --workload lenet --gpus 2`: see common/cli.py for the arguments."""
 
+from __future__ import annotations
+
 import os
 import sys
+from typing import TYPE_CHECKING
 
-from common import cli, devices, harness
+from common import signals
+
+if TYPE_CHECKING:
+    from common.devices import DevicePlan
 
 
-def before_import(plan: devices.DevicePlan) -> None:
+def before_import(plan: DevicePlan) -> None:
+    from common import devices
+
     # XLA reads the host device count once, when JAX starts: set it before any jax import.
     if plan.virtual:
         devices.set_jax_host_devices(plan.count)
@@ -18,6 +26,7 @@ def before_import(plan: devices.DevicePlan) -> None:
 def load(workload: str):
     """The workload's module and what common needs of JAX (harness.Hooks), imported only now:
     after before_import has set XLA's flags."""
+    from common import harness
     from jax_impl import ceiling, devices
 
     if workload == "lenet":
@@ -30,8 +39,11 @@ def load(workload: str):
 
 
 def run(argv: list[str] | None = None) -> int:
+    # Imported here, under signals.main: a stop while numpy and JAX import is one line too.
+    from common import cli
+
     return cli.run("jax", argv, before_import, load)
 
 
 if __name__ == "__main__":
-    sys.exit(run())
+    sys.exit(signals.main(run))

@@ -4,18 +4,27 @@ The same command is each kvstore dist_sync worker that mxnet_impl/launch.py star
 starts by hand): DMLC_ROLE=worker in its environment makes it one.
 """
 
+from __future__ import annotations
+
 import sys
+from typing import TYPE_CHECKING
 
-from common import cli, devices, harness
+from common import signals
+
+if TYPE_CHECKING:
+    from common.devices import DevicePlan
 
 
-def before_import(plan: devices.DevicePlan) -> None:
+def before_import(plan: DevicePlan) -> None:
+    from common import devices
+
     # MXNet fixes its OpenMP threads when it loads: every CPU allowed, not its default half.
     devices.set_mxnet_threads()
 
 
 def load(workload: str):
     """The workload's module and what common needs of MXNet (harness.Hooks)."""
+    from common import harness
     from mxnet_impl import ceiling, devices
 
     if workload == "lenet":
@@ -28,8 +37,11 @@ def load(workload: str):
 
 
 def run(argv: list[str] | None = None) -> int:
+    # Imported here, under signals.main: a stop while numpy and MXNet import is one line too.
+    from common import cli
+
     return cli.run("mxnet", argv, before_import, load)
 
 
 if __name__ == "__main__":
-    sys.exit(run())
+    sys.exit(signals.main(run))

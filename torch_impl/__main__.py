@@ -6,12 +6,13 @@ environment makes it a worker, whose errors its launcher reports once.
 
 import sys
 
-from common import cli, harness
+from common import signals
 
 
 def load(workload: str):
     """The workload's module and what common needs of torch (harness.Hooks). Only the
     workload's own module is imported: resnet50's torchvision takes seconds."""
+    from common import harness
     from torch_impl import ceiling, devices
 
     if workload == "lenet":
@@ -24,10 +25,14 @@ def load(workload: str):
 
 
 def run(argv: list[str] | None = None) -> int:
+    from common import cli
+
     return cli.run("torch", argv, load=load)
 
 
 def main() -> int:
+    # Imported here, under signals.main: a stop while numpy and torch import is one line too.
+    from common import cli
     from torch_impl import launch
 
     if launch.is_worker():  # one of torchrun's ranks
@@ -36,4 +41,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(signals.main(main))

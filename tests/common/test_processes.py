@@ -146,6 +146,21 @@ def test_a_gloo_interface_that_does_not_exist_is_refused():
     processes.check_environment("jax", "lenet", None, {"GLOO_SOCKET_IFNAME": "nosuch0"})
 
 
+def test_nccl_and_ps_lite_interfaces_that_do_not_exist_are_refused():
+    name = sorted(processes.network_interfaces())[0]
+    for framework, variable, strategy in (
+        ("torch", "NCCL_SOCKET_IFNAME", "ddp"),
+        ("mxnet", "DMLC_INTERFACE", "dist"),
+    ):
+        message = refused(framework, {variable: "nosuch0"}, "resnet18", strategy)
+        assert message.startswith(f"{variable}=nosuch0 names no network interface of this")
+        processes.check_environment(framework, "resnet18", strategy, {variable: name})
+    # NCCL's own syntax: a prefix, `=` for an exact name, `^` for names to avoid
+    refused("torch", {"NCCL_SOCKET_IFNAME": f"={name[:-1]}"})
+    for text in (name[:-1], f"={name}", "^nosuch0", f"{name},{name[:-1]}"):
+        processes.check_environment("torch", "resnet18", "ddp", {"NCCL_SOCKET_IFNAME": text})
+
+
 LEFTOVER = {"DMLC_ROLE": "server", "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "9091"}
 
 

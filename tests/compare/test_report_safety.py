@@ -39,6 +39,26 @@ def test_record_text_reaches_the_markdown_as_text_not_markup(tmp_path):
     assert "&lt;img src=x onerror=alert(1)&gt;" in page
 
 
+def test_unprintable_record_text_is_drawn_and_written_as_question_marks(tmp_path):
+    """Valid JSON can hold a lone surrogate, which no font draws (matplotlib's FT2Font raised),
+    and NUL or ESC, which no page should carry: each becomes `?` as the records are read."""
+    path = tmp_path / "r.jsonl"
+    hardware = {**fixture_records.HARDWARE, "cpu": "CPU \ud800\x00\x1b[2J"}
+    pinned = {"cores_per_device": 1, "execution": "processes"}  # the scaling plot is drawn too
+    for devices, median in ((1, 10.0), (2, 6.0)):
+        rec = fixture_records.lenet("torch", devices, median, 0.5, 0.8, 100.0).to_dict()
+        rec |= {"hardware": hardware, "strategy": "scratch\x1b]0;x\x07", "extra": pinned}
+        with path.open("a") as f:
+            f.write(json.dumps(rec) + "\n")  # ASCII JSON: `\ud800` as the escape JSON allows
+    out = tmp_path / "out"
+    assert report.build([str(path)], out, write_html=True, echo=lambda *_: None) == 0
+    for name in ("report.md", "report.html"):
+        text = (out / name).read_text()
+        assert not re.search(r"[\x00\x1b\x07]", text), name
+        assert "CPU ??" in text, name
+    assert len(list(out.rglob("*.png"))) == 3
+
+
 def test_escape_leaves_the_reports_own_text_alone():
     text = "10.0 ± 0.5 s* (n=3), split 6 †, ddp+bf16+compiled, 1.00x; `make compare` **bold**"
     assert render.escape(text) == text

@@ -1,0 +1,38 @@
+"""A command stopped while it still imports (numpy, then its framework), before its run's own
+stop handling starts: compare.run's SIGINT to a run it has just started, a user's SIGTERM."""
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from common import signals
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def importing_numpy(pid: int) -> bool:
+    """Whether numpy's core library is loaded in `pid`: it is importing, well before it runs."""
+    try:
+        return "_multiarray_umath" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("framework", ["torch", "jax", "mxnet"])
+def test_a_stop_while_the_command_imports_is_one_line_and_its_code(framework, stop, tmp_path):
+    cmd = [sys.executable, "-m", f"{framework}_impl", "--workload", "lenet", "--preset", "smoke"]
+    cmd += ["--platform", "cpu", "--results", str(tmp_path / "r.jsonl")]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not importing_numpy(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    proc.send_signal(stop)
+    _, err = proc.communicate(timeout=60)
+    assert err.strip().splitlines() == [signals.STOPPED], err
+    assert proc.returncode == 128 + stop
+    assert not (tmp_path / "r.jsonl").exists()
