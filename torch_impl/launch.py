@@ -329,8 +329,15 @@ def end_process_group() -> None:
     import torch.distributed as dist
 
     if sys.exc_info()[0] in (None, cli.training.Diverged):
-        dist.barrier()
+        try:
+            dist.barrier()
+        except RuntimeError:  # gloo's and NCCL's errors: a rank left (rank 0 on a full disk)
+            raise PeerLeft from None
     dist.destroy_process_group()
+
+
+class PeerLeft(Exception):
+    """Another rank left the group, with an error its own line says: this rank ends quietly."""
 
 
 def signal_ready() -> None:
@@ -360,6 +367,8 @@ def worker_main(entry) -> None:
             print(line, file=sys.stderr)
     except KeyboardInterrupt as e:
         code = signals.exit_code(e)
+    except PeerLeft:
+        code = 1
     exit_worker(code)
 
 

@@ -7,7 +7,7 @@ import signal
 import pytest
 
 from mxnet_impl import launch
-from tests.fixtures import stopping
+from tests.fixtures import bad_inputs, stopping
 
 pytestmark = [pytest.mark.slow, pytest.mark.multi_device]
 DIST = ["mxnet_impl", "--workload", "resnet18", "--gpus", "2", "--strategy", "dist"]
@@ -29,3 +29,7 @@ def test_a_launcher_killed_while_its_processes_start_takes_them_along(tmp_path):
 
 def test_paths_mean_the_same_from_another_folder(tmp_path):
     stopping.check_another_folder(DIST, tmp_path)
+
+
+def test_a_full_disk_at_the_record_is_one_line_from_every_worker(tmp_path):
+    stopping.check_full_disk(DIST, tmp_path, bad_inputs.FIRST_RECORD + "\n")

@@ -5,7 +5,7 @@ import signal
 
 import pytest
 
-from tests.fixtures import stopping
+from tests.fixtures import bad_inputs, stopping
 
 pytestmark = [pytest.mark.slow, pytest.mark.multi_device]
 DDP = ["torch_impl", "--workload", "resnet18", "--gpus", "2"]
@@ -30,3 +30,7 @@ def test_a_launcher_killed_while_torchrun_starts_takes_it_along(tmp_path, comman
 
 def test_paths_mean_the_same_from_another_folder(tmp_path):
     stopping.check_another_folder(DDP, tmp_path)
+
+
+def test_a_full_disk_at_the_record_is_one_line_from_every_rank(tmp_path):
+    stopping.check_full_disk(DDP, tmp_path, bad_inputs.FIRST_RECORD + "\n")
