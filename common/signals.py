@@ -21,6 +21,7 @@ STOPS = (signal.SIGTERM, signal.SIGHUP)  # handled as SIGINT is
 GRACE = 5.0  # seconds a stop waits for the main thread before the watchdog ends the process
 LEAVE_BOUND = 30.0  # seconds the watchdog gives a goodbye of `on_leaving`
 _LEAVE: list[Callable[[], None]] = []
+_TAKEN: list[int] = []  # the stop signals this process's main thread took up
 STOPPED = "interrupted; no record written"
 
 
@@ -52,6 +53,7 @@ def as_interrupt(grace: float = GRACE) -> Iterator[None]:
 
     def handler(signum, frame):
         taken.set()
+        _TAKEN.append(signum)
         raise Stopped(signum) if signum != signal.SIGINT else KeyboardInterrupt
 
     saved = {s: signal.getsignal(s) for s in (signal.SIGINT, *STOPS)}
@@ -82,6 +84,10 @@ def main(run: Callable[[], int]) -> int:
     except KeyboardInterrupt as e:
         print(STOPPED, file=sys.stderr)
         return exit_code(e)
+    finally:  # a second stop while the process exits ends it at once, as it would have
+        for s in STOPS:
+            if signal.getsignal(s) is _raise_stopped:
+                signal.signal(s, signal.SIG_DFL)
 
 
 def _raise_stopped(signum, frame):
@@ -89,11 +95,11 @@ def _raise_stopped(signum, frame):
 
 
 def on_leaving(leave: Callable[[], None]) -> None:
-    """Call `leave` once as the process ends, however it ends: at its normal exit, or from the
-    watchdog before it ends a process whose main thread could not take up a stop (within
-    LEAVE_BOUND seconds). For a group whose members wait at exit for each other's goodbye
-    (jax.distributed's shutdown barrier): one gone without it leaves the others to abort, and
-    one saying it twice cancels its first."""
+    """Call `leave` once as the process ends, however it ends: at its normal exit (within
+    LEAVE_BOUND seconds, GRACE after a stop), or from the watchdog before it ends a process
+    whose main thread could not take up a stop (within LEAVE_BOUND seconds). For a group whose
+    members wait at exit for each other's goodbye (jax.distributed's shutdown barrier): one
+    gone without it leaves the others to abort, and one saying it twice cancels its first."""
     lock, said = threading.Lock(), []
 
     def leave_once():
@@ -105,7 +111,18 @@ def on_leaving(leave: Callable[[], None]) -> None:
             finally:
                 lock.release()
 
-    atexit.register(leave_once)
+    def at_exit():
+        # After a stop the others may be inside a collective, never at the barrier: the
+        # goodbye is bounded, and the process leaves without it (they end on their own).
+        goodbye = threading.Thread(target=leave_once, daemon=True)
+        goodbye.start()
+        goodbye.join(GRACE if _TAKEN else LEAVE_BOUND)
+        if goodbye.is_alive():
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.flush()
+            os._exit(128 + _TAKEN[0] if _TAKEN else 1)
+
+    atexit.register(at_exit)
     _LEAVE.append(leave_once)
 
 

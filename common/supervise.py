@@ -92,10 +92,12 @@ class Group:
 
     def _tee(self, m: Member, stream) -> None:
         """A member's output, passed through but for its error line (the group ends on it
-        once) and anything after the group began to fail."""
+        once) and anything after the group began to fail, or after a member failed."""
         for line in stream:
             if line.strip():
                 m.last[0] = line.strip()
+            if any(other.popen.poll() not in (None, 0) for other in self.members):
+                self.quiet.set()  # one failed, maybe before watch saw it: the rest is aftermath
             if self.quiet.is_set() or line.startswith("error:"):
                 continue
             with contextlib.suppress(OSError, ValueError):  # our own stderr closed

@@ -34,6 +34,19 @@ def test_members_that_all_ended_between_two_looks_are_still_read():
     assert (failed.value.line, failed.value.code) == ("error: bad input", 2)
 
 
+def test_what_others_say_after_a_member_failed_is_not_shown(tmp_path, capsys):
+    """A member's peer dies and it prints its dying words (a traceback) before the watch looks:
+    they are the failure's aftermath, which the group's one line says, and are not shown."""
+    gone = tmp_path / "gone"
+    wait = f"import pathlib, time\nwhile not pathlib.Path({str(gone)!r}).exists(): time.sleep(0.01)"
+    with supervise.Group("training") as group:
+        survivor = group.start("node 0", [PY, "-c", f"{wait}\ntime.sleep(0.5)\nprint('Traceback')"])
+        group.start("node 1", [PY, "-c", f"open({str(gone)!r}, 'w'); print('alive'); exit(1)"])
+        survivor.popen.wait(30)
+        survivor.tee.join(5)
+    assert "Traceback" not in capsys.readouterr().err
+
+
 def test_a_member_without_an_error_line_is_named_with_how_it_ended():
     with supervise.Group("training") as group:
         member(group, "worker 0", 0, sleep=5)
