@@ -225,13 +225,15 @@ def load(paths, skip_bad: bool = False, warnings: list[str] | None = None) -> li
 
 # JSON can hold what no font draws and no page should carry: a lone surrogate (`"\ud800"`),
 # control characters (NUL, ESC and its terminal sequences). A record is read as text to show.
-UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
 def printable(value):
-    """`value` (a record's JSON) with every unprintable character of its strings as `?`."""
+    """`value` (a record's JSON) with its strings printable: each control character a space
+    (as the report's escapes make it), each lone surrogate `?`."""
     if isinstance(value, str):
-        return UNPRINTABLE.sub("?", value)
+        return SURROGATE.sub("?", CONTROL.sub(" ", value))
     if isinstance(value, dict):
         return {printable(k): printable(v) for k, v in value.items()}
     if isinstance(value, list):

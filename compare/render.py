@@ -187,8 +187,9 @@ def staged(out: Path) -> Iterator[Path]:
     and the previous report stays as it was."""
     made = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
+    remove_stale_stages(out)
     try:
-        stage = Path(tempfile.mkdtemp(dir=out, prefix=".report-"))
+        stage = Path(tempfile.mkdtemp(dir=out, prefix=f".report-{os.getpid()}-"))
         try:
             yield stage
             publish(stage, out)
@@ -198,6 +199,25 @@ def staged(out: Path) -> Iterator[Path]:
         if made:  # removed only while empty: when nothing was published into it
             with contextlib.suppress(OSError):
                 out.rmdir()
+
+
+def remove_stale_stages(out: Path) -> None:
+    """The stages of reports killed outright (SIGKILL), whose `finally` never ran: each names
+    its process, and is removed once that process is gone."""
+    for stage in out.glob(".report-*"):
+        pid = stage.name.split("-")[1]
+        if stage.is_dir() and not (pid.isdigit() and _alive(int(pid))):
+            shutil.rmtree(stage, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's: alive
+        pass
+    return True
 
 
 def publish(stage: Path, out: Path) -> None:

@@ -4,7 +4,9 @@ report that cannot be written whole leaves the previous one as it was."""
 
 import errno
 import json
+import os
 import re
+import subprocess
 
 import pytest
 from matplotlib.figure import Figure
@@ -39,9 +41,10 @@ def test_record_text_reaches_the_markdown_as_text_not_markup(tmp_path):
     assert "&lt;img src=x onerror=alert(1)&gt;" in page
 
 
-def test_unprintable_record_text_is_drawn_and_written_as_question_marks(tmp_path):
+def test_unprintable_record_text_is_drawn_and_written_printable(tmp_path):
     """Valid JSON can hold a lone surrogate, which no font draws (matplotlib's FT2Font raised),
-    and NUL or ESC, which no page should carry: each becomes `?` as the records are read."""
+    and NUL or ESC, which no page should carry: as the records are read, a surrogate becomes
+    `?` and a control character a space."""
     path = tmp_path / "r.jsonl"
     hardware = {**fixture_records.HARDWARE, "cpu": "CPU \ud800\x00\x1b[2J"}
     pinned = {"cores_per_device": 1, "execution": "processes"}  # the scaling plot is drawn too
@@ -55,8 +58,20 @@ def test_unprintable_record_text_is_drawn_and_written_as_question_marks(tmp_path
     for name in ("report.md", "report.html"):
         text = (out / name).read_text()
         assert not re.search(r"[\x00\x1b\x07]", text), name
-        assert "CPU ??" in text, name
+        assert "CPU ?  " in text, name
     assert len(list(out.rglob("*.png"))) == 3
+
+
+def test_a_stage_left_by_a_killed_report_is_removed_by_the_next(tmp_path):
+    path, out = tmp_path / "r.jsonl", tmp_path / "out"
+    write_records(path)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    left = [out / f".report-{dead.pid}-x1", out / ".report-old", out / f".report-{os.getpid()}-y"]
+    for stage in left:
+        (stage / "plots").mkdir(parents=True)
+    assert report.build([str(path)], out, echo=lambda *_: None) == 0
+    assert [s.exists() for s in left] == [False, False, True]  # the running one is kept
 
 
 def test_escape_leaves_the_reports_own_text_alone():
