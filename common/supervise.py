@@ -42,9 +42,18 @@ class Member:
     last: list = field(default_factory=lambda: [""])  # its last line of output, to end on
     tee: threading.Thread | None = None
     first: bool = False  # its failure is named before the others' (those follow from it)
+    ended: list = field(default_factory=lambda: [float("inf")])  # when it ended (monotonic)
 
     def alive(self) -> bool:
         return self.popen.poll() is None
+
+    def note_end(self) -> None:
+        """Wait, in a thread of its own, for the member to end and note when, leaving it to be
+        reaped by `popen` (WNOWAIT): of members that failed between two looks, the one that
+        ended first is the cause."""
+        with contextlib.suppress(ChildProcessError):
+            os.waitid(os.P_PID, self.popen.pid, os.WEXITED | os.WNOWAIT)
+        self.ended[0] = time.monotonic()
 
 
 class Group:
@@ -83,6 +92,7 @@ class Group:
             preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None,
         )
         member = Member(name, popen, netns, first=first)
+        threading.Thread(target=member.note_end, daemon=True).start()
         if capture:
             stream = popen.stdout if capture == "all" else popen.stderr
             member.tee = threading.Thread(target=self._tee, args=(member, stream), daemon=True)
@@ -141,7 +151,7 @@ class Group:
         """Fail on the first member that ended badly. Every member may end between two looks
         (a failed worker, then the others that followed it): the codes are read after the look
         that saw none running too, so a failed run never reads as a finished one."""
-        for m in sorted(self.members, key=lambda m: not m.first):
+        for m in sorted(self.members, key=lambda m: (not m.first, m.ended[0])):
             rc = m.popen.poll()
             if rc:
                 self._failed(m, rc)
@@ -197,6 +207,18 @@ def _signal(m: Member, sig: int) -> None:
 
 def _left(m: Member) -> bool:
     return m.alive() or bool(m.netns and netns_pids(m.netns))
+
+
+def stopped_member(group: Group) -> str | None:
+    """Which member, or a process it started, is stopped (SIGSTOP, SIGTSTP): its peers would
+    wait for it in a collective until their engine's timeout (gloo's: minutes)."""
+    from common import processes
+
+    for m in group.members:
+        if m.alive() and (pids := stopped([m.popen.pid, *processes.descendants(m.popen.pid)])):
+            who = m.name if pids[0] == m.popen.pid else f"a process of {m.name}"
+            return f"{who} (pid {pids[0]}) was stopped (SIGSTOP or SIGTSTP)"
+    return None
 
 
 def netns_pids(netns: str) -> list[int]:

@@ -81,7 +81,7 @@ def dist_sync(worker_cmd: list[str], n_contexts: int, what: str, args=None) -> N
             mine = {**env, "DMLC_ROLE": "worker", cores.LOCAL_INDEX_ENV: str(i)}
             group.start(f"the kvstore worker {i}", worker_cmd, mine, capture="stderr", first=True)
         try:
-            group.watch(exit_wait=EXIT_WAIT_S)
+            group.watch([lambda: supervise.stopped_member(group)], exit_wait=EXIT_WAIT_S)
         except supervise.Failed as e:  # one line, once for every process
             print(e.line, file=sys.stderr)
             raise SystemExit(e.code) from None

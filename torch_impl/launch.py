@@ -46,6 +46,7 @@ import datetime
 import os
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -254,10 +255,22 @@ def _run(cmd: list[str], env: dict, nodes: Nodes | None) -> int:
                     if time.monotonic() > deadline:
                         raise config.ConfigError(nodes.timed_out())
                     time.sleep(POLL_S)
-            return proc.wait()
+            return _wait(group)
         finally:
             group.stop(STOP_WAIT_S)
             _kill_workers(Path(env[PIDS_FILE_ENV]))
+
+
+def _wait(group: supervise.Group) -> int:
+    """torchrun's exit code; a worker stopped (SIGSTOP) ends the run in one line, where its
+    peers would wait for it in a collective for COLLECTIVE_TIMEOUT_S."""
+    while True:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            return group.members[0].popen.wait(supervise.CHECK_S)
+        if reason := supervise.stopped_member(group):
+            group.stop()  # at once: a stopped worker would hold torchrun's own stop
+            print(f"error: {reason}; every process was stopped", file=sys.stderr)
+            raise SystemExit(1)
 
 
 def _kill_workers(pids_file: Path) -> None:

@@ -47,6 +47,21 @@ def test_what_others_say_after_a_member_failed_is_not_shown(tmp_path, capsys):
     assert "Traceback" not in capsys.readouterr().err
 
 
+def test_of_members_that_failed_between_two_looks_the_first_to_end_is_named(tmp_path):
+    """Node 1 is killed and node 0, its peer gone, fails a moment later: by the next look both
+    have ended, and the run names node 1, whatever the members' order."""
+    gone = tmp_path / "gone"
+    wait = f"import pathlib, time\nwhile not pathlib.Path({str(gone)!r}).exists(): time.sleep(0.01)"
+    with supervise.Group("training") as group:
+        group.start("node 0", [PY, "-c", f"{wait}\ntime.sleep(0.3)\nexit(1)"])
+        group.start("node 1", [PY, "-c", f"open({str(gone)!r}, 'w'); exit(9)"])
+        for m in group.members:
+            m.popen.wait(30)
+        with pytest.raises(supervise.Failed) as failed:
+            group.watch()
+    assert "node 1 (pid" in failed.value.line
+
+
 def test_a_member_without_an_error_line_is_named_with_how_it_ended():
     with supervise.Group("training") as group:
         member(group, "worker 0", 0, sleep=5)

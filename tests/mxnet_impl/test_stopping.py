@@ -33,3 +33,7 @@ def test_paths_mean_the_same_from_another_folder(tmp_path):
 
 def test_a_full_disk_at_the_record_is_one_line_from_every_worker(tmp_path):
     stopping.check_full_disk(DIST, tmp_path, bad_inputs.FIRST_RECORD + "\n")
+
+
+def test_a_worker_stopped_while_it_trains_ends_the_run_in_one_line(tmp_path):
+    stopping.check_stopped_worker(DIST, tmp_path, "DMLC_ROLE=worker")
