@@ -28,7 +28,7 @@ def test_platform_cpu_keeps_jax_off_the_gpu(monkeypatch, platform, virtual, want
     from jax_impl import __main__ as entry
 
     monkeypatch.delenv("JAX_PLATFORMS", raising=False)
-    monkeypatch.setattr(entry.devices, "set_jax_host_devices", lambda n: None)  # jax is loaded
+    monkeypatch.setattr(devices, "set_jax_host_devices", lambda n: None)  # jax is loaded
     entry.before_import(devices.DevicePlan(2, platform, virtual))
     assert entry.os.environ.get("JAX_PLATFORMS") == want
 
