@@ -1,9 +1,10 @@
 """The command line shared by `python -m torch_impl`, `-m jax_impl` and `-m mxnet_impl`.
 
-Each framework's `__main__` calls `run(framework, argv, before_import)`: arguments are parsed,
-devices resolved and the workload's config built here, then the workload module
-`<framework>_impl.<workload>` is imported and its `main(args, plan, cfg)` called. Bad input ends in
-one line on stderr and exit code 2.
+Each framework's `__main__` calls `run(framework, argv, before_import, load)` under
+`signals.main`: arguments are parsed, checked, devices resolved and the workload's config built
+here, before any framework is imported; then `load(workload)` imports the workload module
+`<framework>_impl.<workload>` and returns it with the framework's harness.Hooks, and its
+`main(args, plan, cfg, hooks)` runs. Bad input ends in one line on stderr and exit code 2.
 """
 
 from __future__ import annotations

@@ -43,9 +43,14 @@ def gradient_bytes(workload: str) -> int | None:
     return None if count is None else count * GRADIENT_BYTES_PER_VALUE
 
 
-# torchvision's ResNet-50 bottleneck stages, (planes, blocks, stride of the first block); the
-# same table as common.stages.LAYERS, kept here so that the counter is checked against it.
-_RESNET50_STAGES = ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2))
+# torchvision's ResNet-50 bottleneck stages: (name, planes, blocks, stride of the first block).
+# The frameworks' models and the pipeline's blocks (common.stages) are built from it too.
+RESNET50_LAYERS = (
+    ("layer1", 64, 3, 1),
+    ("layer2", 128, 4, 2),
+    ("layer3", 256, 6, 2),
+    ("layer4", 512, 3, 2),
+)
 
 
 @dataclass(frozen=True)
@@ -115,9 +120,9 @@ def resnet50_layers(image_size=224, num_classes=1000, count_padding=True):
     stem, size = conv2d("conv1", image_size, 3, 64, 7, 2, 3, count_padding)
     size = conv_out(size, 3, 2, 1)  # max-pool
     layers, c_in = [stem], 64
-    for i, (planes, blocks, stride) in enumerate(_RESNET50_STAGES, start=1):
+    for stage, planes, blocks, stride in RESNET50_LAYERS:
         for b in range(blocks):
-            s, name = (stride if b == 0 else 1), f"layer{i}.{b}"
+            s, name = (stride if b == 0 else 1), f"{stage}.{b}"
             conv1, _ = conv2d(f"{name}.conv1", size, c_in, planes, 1)
             conv2, out = conv2d(f"{name}.conv2", size, planes, planes, 3, s, 1, count_padding)
             conv3, _ = conv2d(f"{name}.conv3", out, planes, 4 * planes, 1)

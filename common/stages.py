@@ -6,31 +6,22 @@ import dataclasses
 import math
 from collections.abc import Iterator
 
-from common import cli, config, profiling, results, timing, training
+from common import cli, config, flops, profiling, results, timing, training
 
 # ResNet-50 cut into a sequence of blocks: the stem, the 16 bottlenecks, the head.
-LAYERS = (("layer1", 64, 3, 1), ("layer2", 128, 4, 2), ("layer3", 256, 6, 2), ("layer4", 512, 3, 2))
+LAYERS = flops.RESNET50_LAYERS
 BLOCKS = ("stem", *(f"{name}.{i}" for name, _, n, _ in LAYERS for i in range(n)), "head")
 DEFAULT = ("single", "model_parallel", "pipeline")
 PIPELINED = ("pipeline", "gpipe", "1f1b")  # the strategies that cut the batch into micro-batches
 
 
 def block_flops(image_size=224, num_classes=1000):
-    """Multiply-accumulates of each block of BLOCKS for one image (convolutions and fc)."""
-    size = (image_size - 1) // 2 + 1  # conv1, stride 2
-    flops = [size * size * 7 * 7 * 3 * 64]
-    size = (size - 1) // 2 + 1  # max-pool, stride 2
-    inplanes = 64
-    for _, planes, n, stride in LAYERS:
-        for i in range(n):
-            out = (size - 1) // (stride if i == 0 else 1) + 1
-            f = size * size * inplanes * planes + out * out * planes * (9 * planes + 4 * planes)
-            if i == 0:
-                f += out * out * inplanes * 4 * planes  # downsample
-            flops.append(f)
-            size, inplanes = out, 4 * planes
-    flops.append(4 * 512 * num_classes)
-    return flops
+    """Forward FLOPs of each block of BLOCKS for one image (common.flops' layers, by block)."""
+    per_block = dict.fromkeys(BLOCKS, 0)
+    for layer in flops.resnet50_layers(image_size, num_classes):
+        name = layer.name.rsplit(".", 1)[0]  # `layer1.0.conv1`: block `layer1.0`
+        per_block[{"conv1": "stem", "fc": "head"}.get(layer.name, name)] += layer.flops
+    return list(per_block.values())
 
 
 def stage_blocks(n_stages):

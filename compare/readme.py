@@ -38,8 +38,7 @@ REFERENCE = (  # relative to ROOT
 # also the newest, all of one clean commit of the code as it trains now. The CPU: the machine
 # whose tables are one `make compare` of the whole plan from a clean checkout, each 2-device run
 # on cores of its own beside a 1-device run on as many. docs/results.md shows the rest (the H100
-# among them, the card the GPU targets were set for, with rows the H200 session had no time
-# for).
+# among them, the card the GPU targets were set for, with rows the H200 file lacks).
 README_SOURCES = ("results/gpu-h200.jsonl", "results/cpu-avx512-2core-cores.jsonl")
 FIGURE = "docs/comparison.png"
 FIGURE_DATA = "docs/comparison.json"

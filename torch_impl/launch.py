@@ -28,8 +28,8 @@ interface: `Nodes.local`).
 
 Several machines (resnet18 `--nnodes N --node-rank R --rdzv-endpoint HOST:PORT`): each node's
 torchrun joins a c10d rendezvous whose store node 0 hosts on HOST:PORT. torch's waits there end
-in tracebacks, or never (a client of a port that another program holds waits forever, torch
-2.15), so this launcher checks the port on node 0 first, gives torch's timeouts a margin above
+in tracebacks, or never (a client of a port that another program holds waits forever), so
+this launcher checks the port on node 0 first, gives torch's timeouts a margin above
 its own bound, and stops torchrun with one line when no worker of this node has started
 training (each says so in a file, READY_FILE_ENV) within `--rdzv-timeout` seconds.
 

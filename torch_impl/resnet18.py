@@ -53,8 +53,8 @@ class Residual(nn.Module):
 
 
 class ResNet18(nn.Sequential):
-    """A Sequential with a forward of its own, which torch.compile traces as one graph (torch
-    2.11's in-place Module.compile traced a plain one block by block). `amp`: torch's bf16 is
+    """A Sequential with a forward of its own, which torch.compile traces as one graph (the
+    in-place Module.compile traces a plain Sequential block by block). `amp`: torch's bf16 is
     autocast around the forward (JAX's is the model's dtype, MXNet's a process-wide switch)."""
 
     def __init__(self, layers, amp=False):

@@ -11,7 +11,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-from argparse import Namespace
 from pathlib import Path
 
 import jax
@@ -187,22 +186,7 @@ def _plan():
 
 
 def _args(**kw):
-    base = dict(
-        workload="resnet18",
-        gpus=2,
-        platform="cpu",
-        preset="smoke",
-        strategy=None,
-        epochs=None,
-        batch_size=None,
-        lr=None,
-        split_size=None,
-        sweep=False,
-        amp="off",
-        results=None,
-        no_progress=True,
-    )
-    return Namespace(**{**base, **kw})
+    return runs.command_args("resnet18", "/nonexistent/never-written.jsonl", **kw)
 
 
 def test_unknown_strategy_is_a_config_error():

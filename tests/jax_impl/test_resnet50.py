@@ -2,7 +2,6 @@
 device, the committed forward fixture, main's records and refusals.
 Two virtual CPU devices come from tests/jax_impl/conftest.py."""
 
-import argparse
 import dataclasses
 import json
 from pathlib import Path
@@ -17,7 +16,7 @@ from jax_impl import devices as jdev
 from jax_impl import resnet50 as r50
 from jax_impl.__main__ import load
 from tests.fixtures import make_resnet50_fixture as gen
-from tests.fixtures import numerics
+from tests.fixtures import numerics, runs
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 BATCH = 4
@@ -198,22 +197,7 @@ def test_bad_split_sizes_are_clear_errors(devs, start, data):
 
 
 def args_for(tmp_path, **kw):
-    base = dict(
-        workload="resnet50",
-        gpus=2,
-        platform="cpu",
-        preset="smoke",
-        strategy=None,
-        epochs=None,
-        batch_size=None,
-        lr=None,
-        split_size=None,
-        sweep=False,
-        amp="off",
-        results=str(tmp_path / "r.jsonl"),
-        no_progress=True,
-    )
-    return argparse.Namespace(**{**base, **kw})
+    return runs.command_args("resnet50", tmp_path / "r.jsonl", **kw)
 
 
 def at_32(args):

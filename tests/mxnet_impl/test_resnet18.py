@@ -4,7 +4,6 @@ import dataclasses
 import json
 import subprocess
 import sys
-from argparse import Namespace
 from pathlib import Path
 
 import mxnet as mx
@@ -156,22 +155,7 @@ def test_two_contexts_equal_one_context():
 
 
 def _args(**kw):
-    base = dict(
-        workload="resnet18",
-        gpus=2,
-        platform="cpu",
-        preset="smoke",
-        strategy=None,
-        epochs=None,
-        batch_size=None,
-        lr=None,
-        split_size=None,
-        sweep=False,
-        amp="off",
-        results="/nonexistent/never-written.jsonl",
-        no_progress=True,
-    )
-    return Namespace(**{**base, **kw})
+    return runs.command_args("resnet18", "/nonexistent/never-written.jsonl", **kw)
 
 
 # AMP patches MXNet's operators for the whole process (r18.use_bf16): a process of its own.

@@ -1,7 +1,6 @@
 """resnet50 in MXNet: the tutorial's toy, names, stages, the forward fixture, model parallel and
 pipelined == one device, main. Numbers are compared under tests/fixtures/numerics.py's rules."""
 
-import argparse
 import dataclasses
 import json
 from pathlib import Path
@@ -15,7 +14,7 @@ from common import cli, config, devices, stages, weights
 from mxnet_impl import resnet50 as r50
 from mxnet_impl.__main__ import load
 from tests.fixtures import make_resnet50_fixture as fixture_gen
-from tests.fixtures import numerics
+from tests.fixtures import numerics, runs
 
 DEVS = [mx.cpu(0), mx.cpu(1)]
 HOOKS = load("resnet50")[1]  # what python -m mxnet_impl hands to main
@@ -216,22 +215,7 @@ def test_bad_split_sizes_are_clear_errors(start, data):
 
 
 def args_for(tmp_path, **kw):
-    base = dict(
-        workload="resnet50",
-        gpus=2,
-        platform="cpu",
-        preset="smoke",
-        strategy=None,
-        epochs=None,
-        batch_size=None,
-        lr=None,
-        split_size=None,
-        sweep=False,
-        amp="off",
-        results=str(tmp_path / "r.jsonl"),
-        no_progress=True,
-    )
-    return argparse.Namespace(**{**base, **kw})
+    return runs.command_args("resnet50", tmp_path / "r.jsonl", **kw)
 
 
 def read(path):

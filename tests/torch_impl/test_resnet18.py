@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from argparse import Namespace
 from pathlib import Path
 
 import numpy as np
@@ -163,23 +162,7 @@ def test_an_epochs_indices_come_from_one_host_to_device_copy():
 
 
 def _args(**kw):
-    base = dict(
-        workload="resnet18",
-        gpus=2,
-        platform="cpu",
-        preset="smoke",
-        strategy=None,
-        epochs=None,
-        batch_size=None,
-        lr=None,
-        split_size=None,
-        sweep=False,
-        amp="off",
-        compile=False,
-        results="/nonexistent/never-written.jsonl",
-        no_progress=True,
-    )
-    return Namespace(**{**base, **kw})
+    return runs.command_args("resnet18", "/nonexistent/never-written.jsonl", **kw)
 
 
 def test_dataparallel_is_refused_without_cuda():

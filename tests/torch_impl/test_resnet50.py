@@ -1,4 +1,3 @@
-import argparse
 import dataclasses
 import json
 import types
@@ -10,7 +9,7 @@ import torch
 
 from common import cli, config, devices, harness, stages, weights
 from tests.fixtures import make_resnet50_fixture as gen
-from tests.fixtures import numerics
+from tests.fixtures import numerics, runs
 from torch_impl import devices as tdev
 from torch_impl import pipelining
 from torch_impl import resnet50 as r50
@@ -195,23 +194,7 @@ def test_float32_forward_matches_the_float64_fixture():
 
 
 def args_for(tmp_path, **kw):
-    base = dict(
-        workload="resnet50",
-        gpus=2,
-        platform="cpu",
-        preset="smoke",
-        strategy=None,
-        epochs=None,
-        batch_size=None,
-        lr=None,
-        split_size=None,
-        sweep=False,
-        amp="off",
-        compile=False,
-        results=str(tmp_path / "r.jsonl"),
-        no_progress=True,
-    )
-    return argparse.Namespace(**{**base, **kw})
+    return runs.command_args("resnet50", tmp_path / "r.jsonl", **kw)
 
 
 def read(path):
