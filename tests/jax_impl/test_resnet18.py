@@ -186,7 +186,7 @@ def _plan():
 
 
 def _args(**kw):
-    return runs.command_args("resnet18", "/nonexistent/never-written.jsonl", **kw)
+    return runs.command_args("resnet18", **{"results": "/nonexistent/never-written.jsonl", **kw})
 
 
 def test_unknown_strategy_is_a_config_error():

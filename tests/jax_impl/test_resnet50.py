@@ -197,7 +197,7 @@ def test_bad_split_sizes_are_clear_errors(devs, start, data):
 
 
 def args_for(tmp_path, **kw):
-    return runs.command_args("resnet50", tmp_path / "r.jsonl", **kw)
+    return runs.command_args("resnet50", **{"results": str(tmp_path / "r.jsonl"), **kw})
 
 
 def at_32(args):

@@ -155,7 +155,7 @@ def test_two_contexts_equal_one_context():
 
 
 def _args(**kw):
-    return runs.command_args("resnet18", "/nonexistent/never-written.jsonl", **kw)
+    return runs.command_args("resnet18", **{"results": "/nonexistent/never-written.jsonl", **kw})
 
 
 # AMP patches MXNet's operators for the whole process (r18.use_bf16): a process of its own.

@@ -162,7 +162,7 @@ def test_an_epochs_indices_come_from_one_host_to_device_copy():
 
 
 def _args(**kw):
-    return runs.command_args("resnet18", "/nonexistent/never-written.jsonl", **kw)
+    return runs.command_args("resnet18", **{"results": "/nonexistent/never-written.jsonl", **kw})
 
 
 def test_dataparallel_is_refused_without_cuda():

@@ -194,7 +194,7 @@ def test_float32_forward_matches_the_float64_fixture():
 
 
 def args_for(tmp_path, **kw):
-    return runs.command_args("resnet50", tmp_path / "r.jsonl", **kw)
+    return runs.command_args("resnet50", **{"results": str(tmp_path / "r.jsonl"), **kw})
 
 
 def read(path):
