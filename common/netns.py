@@ -17,7 +17,7 @@ import re
 import subprocess
 from dataclasses import dataclass
 
-from common import config, supervise
+from common import config, processes, supervise
 
 PREFIX = "mdt"  # every namespace this project makes: mdt<pid>-n<i>, mdt<pid>-sw
 IFACE = "mdt0"  # each node's interface
@@ -154,21 +154,11 @@ def remove_stale() -> None:
     remove its own), with any process still inside them."""
     for name in existing():
         owner = re.match(rf"{PREFIX}(\d+)-", name)
-        if owner and not _alive(int(owner.group(1))):
+        if owner and not processes.alive(int(owner.group(1))):
             for pid in supervise.netns_pids(name):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, 9)
             _ip("netns", "delete", name, check=False)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def check_can_make() -> None:

@@ -135,6 +135,17 @@ def stop(proc: subprocess.Popen, wait: float | None = None) -> None:
     proc.wait()
 
 
+def alive(pid: int) -> bool:
+    """Whether process `pid` exists (another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def descendants(pid: int) -> list[int]:
     """The processes `pid` started, and theirs, from /proc (Linux), whatever their sessions."""
     children: dict[int, list[int]] = {}

@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from common import processes
+
 POLL_S = 0.2
 CHECK_S = 1.0  # the checks (a namespace's processes, a link's state) run `ip`: once a second
 TERM_GRACE_S = 5.0  # a member given SIGTERM has this long before SIGKILL
@@ -212,8 +214,6 @@ def _left(m: Member) -> bool:
 def stopped_member(group: Group) -> str | None:
     """Which member, or a process it started, is stopped (SIGSTOP, SIGTSTP): its peers would
     wait for it in a collective until their engine's timeout (gloo's: minutes)."""
-    from common import processes
-
     for m in group.members:
         if m.alive() and (pids := stopped([m.popen.pid, *processes.descendants(m.popen.pid)])):
             who = m.name if pids[0] == m.popen.pid else f"a process of {m.name}"

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common import processes
 from compare.tables import Table
 
 
@@ -206,18 +207,8 @@ def remove_stale_stages(out: Path) -> None:
     its process, and is removed once that process is gone."""
     for stage in out.glob(".report-*"):
         pid = stage.name.split("-")[1]
-        if stage.is_dir() and not (pid.isdigit() and _alive(int(pid))):
+        if stage.is_dir() and not (pid.isdigit() and processes.alive(int(pid))):
             shutil.rmtree(stage, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's: alive
-        pass
-    return True
 
 
 def publish(stage: Path, out: Path) -> None:
