@@ -45,21 +45,21 @@ class Hooks:
 
 class Run:
     """One training run's measuring. `ds`: the host arrays (x_train, y_train, x_test, y_test);
-    `devices`: those the strategy spreads over (this process's, or every process's in JAX);
-    `sync`: the framework's barrier (JAX sets it in `train`: it waits for the newest state);
-    `rank`: this process's (only rank 0 prints and records); `calls`: warm-up steps per batch
-    shape (torch's CUDA graphs need three). Use `with Run(...) as run:` around training."""
+    `world` (common.world.World): this process's devices, those the strategy spreads over, and
+    its rank (only rank 0 prints and records); `sync`: the framework's barrier (JAX sets it in
+    `train`: it waits for the newest state); `calls`: warm-up steps per batch shape (torch's
+    CUDA graphs need three). Use `with Run(...) as run:` around training."""
 
-    def __init__(self, args, cfg, ds, devices, sync=None, hooks=None, rank=0, calls=1):
-        self.args, self.cfg, self.devices, self.rank, self.calls = args, cfg, devices, rank, calls
+    def __init__(self, args, cfg, ds, world, sync=None, hooks=None, calls=1):
+        self.args, self.cfg, self.world, self.calls = args, cfg, world, calls
         self.hooks = hooks or Hooks("unknown")
         self.n_train, self.n_test = len(ds[1]), len(ds[3])
         self.sync = sync or (lambda: None)
-        trace = profiling.tracer(self.hooks, args, "epoch", rank)  # --profile
+        trace = profiling.tracer(self.hooks, args, "epoch", world.rank)  # --profile
         self.timer = timing.Timer(lambda: self.sync(), warmup=1, trace=trace)
-        probe = ceiling.paired(self.hooks, args, cfg, devices[0])  # --ceiling
+        probe = ceiling.paired(self.hooks, args, cfg, world.devices[0])  # --ceiling
         full = -(-self.n_train // cfg.batch_size)  # an epoch's steps: a bounded one extrapolates
-        self.epoch_log = training.EpochLog(cfg.epochs, full, quiet=rank != 0, ceiling=probe)
+        self.epoch_log = training.EpochLog(cfg.epochs, full, quiet=world.rank != 0, ceiling=probe)
         self.sampler = utilization.Sampler("cpu_time")
         self.link = link.Counter()  # a cluster's node: the bytes its link carries in the epochs
         self._steps = self._seen = 0
@@ -97,7 +97,7 @@ class Run:
             yield self._timed(shard, self._batches(epoch), epoch)
 
     def _timed(self, shard, batches: list[np.ndarray], epoch: int) -> Iterator:
-        quiet = getattr(self.args, "no_progress", True) or self.rank != 0
+        quiet = getattr(self.args, "no_progress", True) or self.world.rank != 0
         # The bar before the clock starts: its first call imports tqdm.
         bar = cli.progress(None, len(batches), f"epoch {epoch + 1}", quiet)
         begun = self.link.start()
@@ -111,7 +111,7 @@ class Run:
 
     def test_batches(self) -> list[np.ndarray]:
         """The test set's indices in batches of TEST_BATCH per device, in order."""
-        size = TEST_BATCH * len(self.devices)
+        size = TEST_BATCH * len(self.world.devices)
         return [np.arange(i, min(i + size, self.n_test)) for i in range(0, self.n_test, size)]
 
     def log(self, loss_sum: float, correct: float) -> None:
@@ -127,7 +127,7 @@ class Run:
     def save(self, plan, names, versions, strategy, extra=None) -> None:
         """Record the run (rank 0; with --profile only its traces) and print its last lines;
         a run that diverged is recorded, then ends with one line (training.Diverged)."""
-        if self.rank != 0:
+        if self.world.rank != 0:
             if self.epoch_log.diverged:
                 raise training.Diverged(self.epoch_log.diverged, self.epoch_log.train_loss[-1])
             return

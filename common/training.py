@@ -3,7 +3,7 @@ the strategy check, the epoch's bookkeeping and d2l's line per epoch, and the ru
 its record. Framework-free, so the framework files keep only what differs between frameworks.
 
 A strategy (resnet18's data-parallel ones, in every framework) is one function
-`strategy(net, optimizer, devices)` holding the whole of its parallelism, which returns five
+`strategy(net, optimizer, world)` holding the whole of its parallelism, which returns five
 functions that its workload's `train` uses without knowing which strategy it runs:
 
     place(arrays)        host arrays (x_train, y_train, x_test, y_test) -> where the steps read
@@ -19,7 +19,9 @@ functions that its workload's `train` uses without knowing which strategy it run
                          as two floats
 
 `optimizer` is the framework's SGD (torch's binds the parameters; optax's and MXNet's are the
-update rule alone) and `devices` those the strategy spreads over.
+update rule alone) and `world` this process's place in the run (common.world.World, made by
+its framework's `launch.join`): the devices the strategy spreads over, its rank among the
+processes, and `world.sum`, with which `total` adds up what each process holds.
 """
 
 from __future__ import annotations

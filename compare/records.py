@@ -22,7 +22,7 @@ from compare.record_checks import WORKLOADS as WORKLOADS  # where the others loo
 FRAMEWORK_ORDER = ("torch", "jax", "mxnet")
 STRATEGY_ORDER = {
     "lenet": ("scratch",),
-    "resnet18": ("ddp", "dataparallel", "sharding", "pmap", "gluon"),
+    "resnet18": ("ddp", "dataparallel", "sharding", "shard_map", "pmap", "gluon"),
     "resnet50": ("single", "model_parallel", "pipeline", "gpipe", "1f1b"),
 }
 _OLDEST = datetime.min.replace(tzinfo=timezone.utc)

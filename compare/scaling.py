@@ -29,6 +29,7 @@ from compare.tables import DASH, decimals
 ALGORITHMS = {
     ("torch", "ddp"): cm.RING,
     ("jax", "sharding"): cm.RING,
+    ("jax", "shard_map"): cm.RING,
     ("jax", "pmap"): cm.RING,
     ("mxnet", "dist"): cm.PS,
 }

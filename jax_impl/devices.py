@@ -15,6 +15,8 @@ from common import devices
 
 
 def get_devices(plan: devices.DevicePlan) -> list[jax.Device]:
+    """The platform's first N devices (`jax.devices`): one process drives them all; a CPU's N
+    virtual devices were made before JAX was imported (jax_impl/__main__.py)."""
     backend = "gpu" if plan.platform == "gpu" else "cpu"
     try:
         found = jax.devices(backend)

@@ -12,6 +12,7 @@ import numpy as np
 from jax import lax
 
 from common import config, data, harness, training, weights
+from common.world import World
 from jax_impl import devices as jdev
 
 FRAMEWORK, STRATEGY = "jax", "scratch"
@@ -131,9 +132,9 @@ def _on_host(batches):
 
 
 def train(cfg, ds, run):
-    """d2l's train(num_gpus, batch_size, lr) on preloaded arrays, on `run.devices`; `run`
+    """d2l's train(num_gpus, batch_size, lr) on preloaded arrays, on `run.world.devices`; `run`
     (common.harness.Run) times, logs and records it. Returns the device parameters."""
-    devices = run.devices
+    devices = run.world.devices
     X, y, X_test, y_test = jax.device_put(data.as_float(ds, np.int32), devices[0])
     params = init_params(cfg.init_std, cfg.seed)
     device_params = [get_params(params, d) for d in devices]
@@ -161,6 +162,6 @@ def main(args, plan, cfg, hooks) -> None:
     config.check_epoch_split(data.train_size(cfg.train_subset), cfg.batch_size, plan.count)
     devices = jdev.get_devices(plan)
     ds = data.load_subsets(cfg.train_subset, cfg.test_subset, cfg.seed)
-    with harness.Run(args, cfg, ds, devices, None, hooks) as run:
+    with harness.Run(args, cfg, ds, World.single(devices, plan), None, hooks) as run:
         train(cfg, ds, run)
     run.save(plan, jdev.device_names(devices), jdev.versions(), STRATEGY)

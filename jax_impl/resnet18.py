@@ -1,19 +1,19 @@
 """ResNet-18 on Fashion-MNIST, concise data parallel in JAX (d2l 13.6), flax linen + optax.
 
-Strategies (`--strategy`), each one function that returns (place, shard, step, correct, total)
-(common/training.py, "A strategy"):
-  sharding (default)  `sharding`: one `jax.jit` program over a Mesh: the batch is sharded on the
-                      'data' axis (NamedSharding P('data')), parameters and optimizer state are
-                      replicated (P()); XLA inserts the gradient all-reduce. It also runs over
-                      several processes (hosts, or one process per GPU): jax_impl/launch.py.
-  pmap                `pmap`: `jax.pmap` over the devices with `lax.pmean` of the gradients; the
-                      train state is replicated (a leading device axis). pmap is in maintenance
-                      mode since JAX 0.8; it is kept as the classic form of the same program.
+Strategies (`--strategy`), each one function of (net, optimizer, world) that returns (place,
+shard, step, correct, total) (common/training.py, "A strategy"):
+  sharding (default)  one `jax.jit` program over a Mesh: the batch sharded on 'data' (P('data')),
+                      the state replicated (P()); XLA inserts the gradient all-reduce. It also
+                      runs over several processes (hosts, or one process per GPU): launch.py.
+  shard_map           `jax.shard_map` over the same Mesh: per-device code with explicit
+                      collectives (d2l's hand-written allreduce), `lax.pmean` of the gradients.
+  pmap                `jax.pmap` with `lax.pmean` of the gradients, the state replicated (a
+                      leading device axis): the classic API, in maintenance mode (since JAX 0.8
+                      built on jit and shard_map), kept as the classic form of the program.
 
-BatchNorm: under `sharding` the model sees the global batch, so batch statistics are computed
-over all devices' samples (XLA all-reduces them); under `pmap` BatchNorm gets
-`axis_name='data'` and pmean-averages its statistics. Either way N devices compute what one
-device computes on the whole batch (torch DDP and MXNet Gluon keep per-device statistics).
+BatchNorm: under `sharding` the model sees the global batch (XLA all-reduces its statistics);
+under `shard_map` and `pmap` it gets `axis_name='data'` and pmeans them. Either way N devices
+compute what one computes on the whole batch (torch DDP and MXNet Gluon: per-device statistics).
 
 Layout: flax is NHWC with HWIO kernels and (in, out) dense weights; images arrive NCHW from
 common.data and are transposed once at the boundary, weights at the exchange-format boundary.
@@ -39,7 +39,7 @@ from jax_impl import launch
 from jax_impl import weights as jweights
 
 FRAMEWORK = "jax"
-STRATEGIES = ("sharding", "pmap")
+STRATEGIES = ("sharding", "shard_map", "pmap")
 NUM_CLASSES = 10
 AXIS = "data"
 
@@ -51,7 +51,7 @@ class Residual(nn.Module):
     strides: int = 1
     use_1x1conv: bool = False
     use_bn: bool = True
-    axis_name: str | None = None  # 'data' under pmap: BatchNorm statistics pmean'd over devices
+    axis_name: str | None = None  # 'data' in per-device code: BatchNorm statistics pmean'd
     dtype: Any = jnp.float32  # compute dtype; parameters stay float32
 
     @nn.compact
@@ -110,7 +110,7 @@ class ResNet18(nn.Module):
 
 def resnet18(num_classes=NUM_CLASSES, in_channels=1, width=64, use_bn=True, **kw):
     """d2l's ResNet-18 (see torch_impl); `in_channels` is inferred by flax at init.
-    JAX-only keywords: `axis_name` (pmap BatchNorm) and `dtype` (bf16 compute)."""
+    JAX-only keywords: `axis_name` (shard_map and pmap BatchNorm) and `dtype` (bf16 compute)."""
     return ResNet18(num_classes, width, use_bn, **kw)
 
 
@@ -160,7 +160,7 @@ def train_step(net, optimizer, state, x, y, axis_name=None):
         return loss_fn(logits, y), new.get("batch_stats", state["batch_stats"])
 
     (loss, batch_stats), grads = jax.value_and_grad(loss_of, has_aux=True)(state["params"])
-    if axis_name is not None:  # pmap: average per-device gradients (jit sharding needs none)
+    if axis_name is not None:  # per-device code: average the gradients (jit sharding needs none)
         grads, loss = lax.pmean((grads, loss), axis_name)
     updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
     params = optax.apply_updates(state["params"], updates)
@@ -178,11 +178,11 @@ def evaluate(net, state, x, y, mask=True):
 # --- the parallelism: one function per strategy ------------------------------------------------
 
 
-def pmap(net, optimizer, devices):
+def pmap(net, optimizer, world):
     """jax.pmap: the state and the data set copied to every device (a leading device axis), each
     device its row of every batch; train_step pmeans the gradients over 'data' (and BatchNorm
-    its statistics: the net's axis_name), so every copy takes the same step."""
-    n = len(devices)
+    its statistics: the net's axis_name), so every copy takes the same step. One process."""
+    devices, n = world.devices, len(world.devices)
     stacked = NamedSharding(Mesh(np.array(devices), (AXIS,)), P(AXIS))  # row i on device i
 
     def place(arrays):  # a copy for each device, stacked
@@ -211,12 +211,47 @@ def pmap(net, optimizer, devices):
     return place, shard, step, correct, total
 
 
-def sharding(net, optimizer, devices):
-    """One jax.jit program over a Mesh of the devices (every process's, in several processes):
-    the state and the data set replicated, each batch sharded on 'data'; XLA all-reduces the
-    gradients (and BatchNorm's statistics: the model sees the global batch)."""
-    n = len(devices)
-    mesh = Mesh(np.array(devices), (AXIS,))
+def shard_map(net, optimizer, world):
+    """jax.shard_map over a Mesh, the state and the data set replicated, each batch split on
+    'data': each device runs train_step on its rows, which pmeans the gradients (and BatchNorm
+    its statistics: the net's axis_name), so N devices compute what one does on the whole batch."""
+    n = len(world.devices)
+    mesh = Mesh(np.array(world.devices), (AXIS,))
+    replicated, batch = NamedSharding(mesh, P()), NamedSharding(mesh, P(AXIS))
+    # check_vma=False: each device differentiates its own copy of the parameters, which the pmean
+    # averages (with the check, grad sums over the devices already: the pmean leaves N times it).
+    per_device = partial(jax.shard_map, mesh=mesh, out_specs=P(), check_vma=False)
+
+    def place(arrays):  # every device holds the whole data set and state
+        return jax.device_put(arrays, replicated)
+
+    def shard(batches):  # each batch's (N, B/N) rows as one global batch split over 'data'
+        rows = (data.shard_batch(i, n).astype(np.int32).reshape(-1) for i in batches)
+        return (jax.device_put(r, batch) for r in rows)
+
+    @partial(jax.jit, donate_argnums=0)
+    @partial(per_device, in_specs=(P(), P(), P(), P(AXIS)))
+    def step(state, x, y, rows):
+        state, loss = train_step(net, optimizer, state, x[rows], y[rows], AXIS)
+        return state, loss * len(rows) * n  # the mean over the global batch, times its size
+
+    count = jax.jit(lambda state, x, y, idx, mask: evaluate(net, state, x[idx], y[idx], mask))
+
+    def correct(state, x, y, idx):  # the test batch padded to one size: one compilation
+        return count(state, x, y, *jax.device_put(_padded(idx, harness.TEST_BATCH * n), batch))
+
+    def total(losses, hits):  # the sums over the devices are inside the programs
+        return sum(map(float, losses)), sum(map(float, hits))
+
+    return place, shard, step, correct, total
+
+
+def sharding(net, optimizer, world):
+    """One jax.jit program over a Mesh of the world's devices (every process's, in several
+    processes): the state and the data set replicated, each batch sharded on 'data'; XLA
+    all-reduces the gradients (and BatchNorm's statistics: the model sees the global batch)."""
+    n = len(world.devices)
+    mesh = Mesh(np.array(world.devices), (AXIS,))
     replicated, batch = NamedSharding(mesh, P()), NamedSharding(mesh, P(AXIS))
 
     def place(arrays):  # every device holds the whole data set and state
@@ -237,7 +272,7 @@ def sharding(net, optimizer, devices):
     def correct(state, x, y, idx):  # the test batch padded to one size: one compilation
         return count(state, x, y, *jax.device_put(_padded(idx, harness.TEST_BATCH * n), batch))
 
-    def total(losses, hits):  # the sums over the devices are inside the programs
+    def total(losses, hits):  # the programs sum over every device, every process's: no world.sum
         return sum(map(float, losses)), sum(map(float, hits))
 
     return place, shard, step, correct, total
@@ -253,7 +288,7 @@ def train(net, cfg, ds, strategy, run):
     """d2l's train loop on preloaded arrays: `strategy` (one of the functions above) spreads each
     step over the devices; `run` (common.harness.Run) times, logs and records it."""
     optimizer = make_optimizer(cfg.lr)
-    place, shard, step, correct, total = strategy(net, optimizer, run.devices)
+    place, shard, step, correct, total = strategy(net, optimizer, run.world)
     x_train, y_train, x_test, y_test = place(data.as_float(ds, np.int32, channels_last=True))
     variables = init_weights(net, cfg.init_std, cfg.seed)
     initial = dict(variables, opt_state=optimizer.init(variables["params"]))
@@ -274,27 +309,26 @@ def train(net, cfg, ds, strategy, run):
 
 
 def main(args, plan, cfg, hooks):
-    """Check everything, join the other JAX processes where there are (jax_impl/launch.py),
-    then train and record (process 0 records)."""
+    """Check everything, join the world (several JAX processes where there are:
+    jax_impl/launch.py), then train and record (process 0 records)."""
     strategy = training.choose_strategy("resnet18", FRAMEWORK, args.strategy, STRATEGIES)
-    plan, devs = launch.join(strategy, plan, args)  # several processes: every process's devices
+    world = launch.join(plan, args)  # several processes: every process's devices
     # d2l 13.6: N devices train with N times the batch and the lr (2 devices: 512 and 0.2).
-    cfg = config.for_devices(cfg, plan.count)
+    cfg = config.for_devices(cfg, world.plan.count)
     if cfg.image_size != 28:
         raise config.ConfigError("resnet18 trains on Fashion-MNIST at its native 28x28")
     # Every batch, the epoch's last included, splits evenly (before JAX's IndivisibleError).
-    config.check_epoch_split(data.train_size(cfg.train_subset), cfg.batch_size, plan.count)
-    devs = devs or jdev.get_devices(plan)
+    config.check_epoch_split(data.train_size(cfg.train_subset), cfg.batch_size, world.plan.count)
     ds = data.load_subsets(cfg.train_subset, cfg.test_subset, cfg.seed)
     dtype = jnp.bfloat16 if args.amp == "bf16" else jnp.float32  # JAX's bf16: the model's dtype
-    net = resnet18(axis_name=AXIS if strategy == "pmap" else None, dtype=dtype)
-    run = harness.Run(args, cfg, ds, devs, None, hooks, rank=jax.process_index())
-    with run.sampling(utilization.sampler_for(plan.platform, plan.count)):
-        train(net, cfg, ds, {"sharding": sharding, "pmap": pmap}[strategy], run)
+    net = resnet18(axis_name=None if strategy == "sharding" else AXIS, dtype=dtype)
+    run = harness.Run(args, cfg, ds, world, None, hooks)
+    with run.sampling(utilization.sampler_for(plan.platform, world.plan.count)):
+        train(net, cfg, ds, dict(sharding=sharding, shard_map=shard_map, pmap=pmap)[strategy], run)
     usage = run.usage()
     if plan.platform == "gpu":
-        mine = [d for d in devs if d.process_index == jax.process_index()]
+        mine = [d for d in world.devices if d.process_index == world.rank]
         peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use", 0) for d in mine]
         usage = utilization.with_allocator_peaks(usage, peaks, "jax peak_bytes_in_use")
-    extra = {**usage, "amp": args.amp, "processes": jax.process_count()}
-    run.save(plan, jdev.device_names(devs), jdev.versions(), strategy, extra)
+    extra = {**usage, "amp": args.amp, "processes": world.size}
+    run.save(world.plan, jdev.device_names(world.devices), jdev.versions(), strategy, extra)

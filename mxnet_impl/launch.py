@@ -28,8 +28,9 @@ and waits at most MXNET_DIST_INIT_TIMEOUT seconds (default 60) for the others to
 itself never times out: a worker whose peer dies mid-run waits forever, so here (one machine) the
 launcher stops every process as soon as one fails.
 
-A worker's side: `is_worker` (DMLC_ROLE is set), then `join` creates the kvstore, which
-resnet18's `dist_sync` strategy takes with `kvstore()`; `dist_fields` are the record's.
+A worker's side: `is_worker` (DMLC_ROLE is set), then `join` creates the kvstore and returns
+the worker's world (common.world), whose `group` is the kvstore that resnet18's `dist_sync`
+strategy hands its Trainer; `dist_fields` are the record's.
 """
 
 from __future__ import annotations
@@ -39,14 +40,17 @@ import socket
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from common import cli, config, cores, devices, processes, signals, supervise
+from common.world import World
 
 ROOT = Path(__file__).resolve().parent.parent
 # A scheduler or server, by its DMLC_ROLE; it ends with its launcher, even a SIGKILLed one.
 SERVE = [sys.executable, "-c", "from common import signals; signals.watch_launcher(); import mxnet"]
 POLL_S = 0.2
 EXIT_WAIT_S = 30  # the scheduler and servers end once every worker has finalised
-_joined = []  # this worker's kvstore, once `join` has created it
+SUM_KEY = 1 << 20  # world.sum's kvstore keys start here, past any model's parameter indices
 
 
 def counts(n_contexts: int) -> tuple[int, int]:
@@ -157,14 +161,17 @@ def is_worker() -> bool:
     return "DMLC_ROLE" in os.environ
 
 
-def join(plan: devices.DevicePlan):
-    """Join the kvstore as a worker: (the kvstore, this worker's contexts). ps-lite waits for
-    every peer without a deadline (a missing one would hang the run): MXNET_DIST_INIT_TIMEOUT
-    bounds the wait."""
+def join(plan: devices.DevicePlan, args=None) -> World:
+    """This process's world: a worker (`is_worker`) joins the kvstore dist_sync, with its share
+    of the plan's contexts; any other process is alone on them. ps-lite waits for every peer
+    without a deadline (a missing one would hang the run): MXNET_DIST_INIT_TIMEOUT bounds the
+    wait. `args`: unused (the DMLC_* variables say everything)."""
     import mxnet as mx
 
     from mxnet_impl import devices as mdev
 
+    if not is_worker():
+        return World.single(mdev.get_devices(plan), plan)
     workers, servers = counts(plan.count)
     needed = ("DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT")
     if os.environ.get("DMLC_ROLE") != "worker" or not all(map(os.environ.get, needed)):
@@ -179,16 +186,31 @@ def join(plan: devices.DevicePlan):
         f"worker(s) did not all join within {wait} s (MXNET_DIST_INIT_TIMEOUT); start every one"
     )
     with processes.deadline(wait, line, cli.EXIT_BAD_INPUT):
-        _joined[:] = [mx.kv.create("dist_sync")]
+        kv = mx.kv.create("dist_sync")
     local = devices.DevicePlan(plan.count // workers, plan.platform, plan.virtual)
-    return _joined[0], mdev.get_devices(local)
+    return World(kv.rank, kv.num_workers, mdev.get_devices(local), _push_pull(kv), plan, kv)
 
 
-def kvstore():
-    """The kvstore this worker joined (`join`)."""
-    if not _joined:
-        raise RuntimeError("no kvstore: a dist_sync worker joins it first (launch.join)")
-    return _joined[0]
+def _push_pull(kv):
+    """The world's sum: the servers add up what every worker pushes under one key, and each
+    worker pulls the total. The key is an integer: Gluon's Trainer keys the parameters by their
+    index, and a kvstore refuses to mix integer and string keys. Each size of array gets its
+    own key, set up (a barrier in dist_sync) the first time every worker sums one."""
+    from mxnet import nd
+
+    made = set()
+
+    def total(x):
+        x = np.asarray(x, dtype=np.float64)
+        key = SUM_KEY + x.size
+        if key not in made:
+            kv.init(key, nd.zeros(x.size, dtype="float64"))
+            made.add(key)
+        sums = nd.array(x.reshape(-1), dtype="float64")
+        kv.pushpull(key, sums, out=sums)
+        return sums.asnumpy().reshape(x.shape)
+
+    return total
 
 
 def dist_fields(kv) -> dict:

@@ -9,6 +9,7 @@ import numpy as np
 from mxnet import autograd, gluon, nd
 
 from common import config, data, harness, training, weights
+from common.world import World
 from mxnet_impl import devices as mdev
 
 FRAMEWORK, STRATEGY = "mxnet", "scratch"
@@ -110,9 +111,9 @@ def evaluate(device_params, X, y, devices):
 
 
 def train(cfg, ds, run):
-    """d2l's train(num_gpus, batch_size, lr) on preloaded arrays, on `run.devices`; `run`
+    """d2l's train(num_gpus, batch_size, lr) on preloaded arrays, on `run.world.devices`; `run`
     (common.harness.Run) times, logs and records it. Returns the device parameters."""
-    devices = run.devices
+    devices = run.world.devices
     # MXNet's labels are floats (nd.pick takes float indices).
     X, y, X_test, y_test = mdev.to_device(data.as_float(ds, np.float32), devices[0])
     params = init_params(cfg.init_std, cfg.seed)
@@ -139,6 +140,6 @@ def main(args, plan, cfg, hooks) -> None:
     config.check_epoch_split(data.train_size(cfg.train_subset), cfg.batch_size, plan.count)
     devices = mdev.get_devices(plan)
     ds = data.load_subsets(cfg.train_subset, cfg.test_subset, cfg.seed)
-    with harness.Run(args, cfg, ds, devices, mdev.sync, hooks) as run:
+    with harness.Run(args, cfg, ds, World.single(devices, plan), mdev.sync, hooks) as run:
         train(cfg, ds, run)
     run.save(plan, mdev.device_names(devices), mdev.versions(), STRATEGY)

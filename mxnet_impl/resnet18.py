@@ -1,7 +1,7 @@
 """ResNet-18 on Fashion-MNIST, concise data parallel in MXNet Gluon (d2l 13.6).
 
-Strategies (`--strategy`), each one function that returns (place, shard, step, correct, total)
-(common/training.py, "A strategy"):
+Strategies (`--strategy`), each one function of (net, optimizer, world) that returns (place,
+shard, step, correct, total) (common/training.py, "A strategy"):
   gluon (default)  `context_list`: one process, the parameters on a list of contexts (`mx.gpu(i)`,
                    or `mx.cpu(i)` as virtual devices), gradients summed by the kvstore `device`.
   dist             `dist_sync`: the same in each of several worker processes, joined by MXNet's
@@ -28,7 +28,6 @@ from mxnet_impl import weights as mweights
 FRAMEWORK = "mxnet"
 STRATEGIES = ("gluon", "dist")
 NUM_CLASSES = 10
-TOTALS_KEY = 1 << 20  # the kvstore key of the epoch's sums over the workers (not a parameter's)
 
 
 class Residual(nn.HybridBlock):
@@ -161,12 +160,12 @@ def evaluate(net, x, y):
 # --- the parallelism: one function per strategy ------------------------------------------------
 
 
-def context_list(net, optimizer, devices):
+def context_list(net, optimizer, world):
     """Gluon's data parallel in one process: a copy of the parameters on every context; each
     batch is split over the contexts (split_and_load), each runs forward and backward on its
     part, and the Trainer's kvstore `device` sums the gradients, which every context applies to
     its copy. One context: the Trainer needs no kvstore and makes none."""
-    params = net.collect_params()
+    devices, params = world.devices, net.collect_params()
     params.reset_ctx(devices)
     # The kvstore only sums (update_on_kvstore=False) and each context updates its own copy, so
     # set_weights sets every copy there is. An updating kvstore keeps one more, which set_weights
@@ -196,29 +195,28 @@ def context_list(net, optimizer, devices):
     return place, shard, step, correct, total
 
 
-def dist_sync(net, optimizer, devices):
-    """MXNet's parameter server: this process is one worker of kvstore dist_sync (launch.py
-    joined it), with its own contexts, as in `context_list`. It takes its share of each global
-    batch and splits it over its contexts; the Trainer sums the gradients over its contexts,
-    pushes the sum to the servers, which add up every worker's, and pulls the total, so every
-    worker takes the same step."""
-    kv, params = launch.kvstore(), net.collect_params()
+def dist_sync(net, optimizer, world):
+    """MXNet's parameter server: this process is worker `world.rank` of kvstore dist_sync
+    (launch.py joined it: `world.group`), with its own contexts, as in `context_list`. It takes
+    its share of each global batch and splits it over its contexts; the Trainer sums the
+    gradients over its contexts, pushes the sum to the servers, which add up every worker's, and
+    pulls the total, so every worker takes the same step."""
+    devices, params = world.devices, net.collect_params()
     params.reset_ctx(devices)
-    kv.init(TOTALS_KEY, nd.zeros(2, dtype="float64"))  # see `total`
     # The servers only sum (update_on_kvstore=False) and each worker updates its own copy: the
     # servers' update would keep the first step's 1/batch, and an epoch's last batch is smaller.
-    trainer = gluon.Trainer(params, optimizer, kvstore=kv, update_on_kvstore=False)
-    # The Trainer's first step pulls the weights, then pushes the gradients on the same keys,
-    # unordered by the engine: a late pull would get a round's gradient sum as the weights. So
-    # the weights are pulled first (that step's own set-up: Gluon 1.9 has no public call).
-    trainer._init_kvstore()
-    trainer._init_params()
+    trainer = gluon.Trainer(params, optimizer, kvstore=world.group, update_on_kvstore=False)
+    # The Trainer's first call pulls the weights, and its first step then pushes the gradients
+    # on the same keys, unordered by the engine: a late pull would get a round's gradient sum as
+    # the weights. So the weights are pulled first: `update` sets the kvstore up as every call
+    # does, and updates nothing before any backward (ignore_stale_grad).
+    trainer.update(1, ignore_stale_grad=True)
     nd.waitall()
 
     def own(idx):  # this worker's rows: equal parts per context, the remainder to the last worker
-        part = len(idx) // (kv.num_workers * len(devices)) * len(devices)
-        lo = kv.rank * part
-        return idx[lo : len(idx) if kv.rank == kv.num_workers - 1 else lo + part]
+        part = len(idx) // (world.size * len(devices)) * len(devices)
+        lo = world.rank * part
+        return idx[lo : len(idx) if world.rank == world.size - 1 else lo + part]
 
     def split(x, y, rows):  # the rows of x and y (an index NDArray), each split over the contexts
         return [gluon.utils.split_and_load(a.take(rows), devices, even_split=False) for a in (x, y)]
@@ -240,10 +238,7 @@ def dist_sync(net, optimizer, devices):
         return mdev.add_up([evaluate(net, *xy) for xy in zip(xs, ys, strict=True)])
 
     def total(losses, hits):  # summed over the workers: the servers add up what each pushes
-        sums = nd.array([mdev.float_sum(losses), mdev.float_sum(hits)], dtype="float64")
-        kv.push(TOTALS_KEY, sums)
-        kv.pull(TOTALS_KEY, out=sums)
-        return sums.asnumpy().tolist()
+        return world.sum(np.array([mdev.float_sum(losses), mdev.float_sum(hits)])).tolist()
 
     return place, shard, step, correct, total
 
@@ -251,7 +246,7 @@ def dist_sync(net, optimizer, devices):
 def train(net, cfg, ds, strategy, run):
     """d2l's train loop on preloaded arrays: `strategy` (one of the functions above) spreads each
     step over the contexts; `run` (common.harness.Run) times, logs and records it."""
-    place, shard, step, correct, total = strategy(net, make_optimizer(cfg.lr), run.devices)
+    place, shard, step, correct, total = strategy(net, make_optimizer(cfg.lr), run.world)
     x_train, y_train, x_test, y_test = place(ds)
     initial = get_weights(net)
     for part in run.warm_up(shard):  # each batch shape once (graph building, memory planning)
@@ -264,30 +259,31 @@ def train(net, cfg, ds, strategy, run):
 
 
 def main(args, plan, cfg, hooks):
-    """Check everything; then train here (gluon, or one dist worker: DMLC_ROLE is set), or start
-    the dist_sync scheduler, servers and workers on this machine (mxnet_impl/launch.py)."""
+    """Check everything; then start the dist_sync scheduler, servers and workers on this machine
+    (mxnet_impl/launch.py), or train here: join the world (a dist worker joins the kvstore),
+    build, train, record (worker 0)."""
     strategy = training.choose_strategy("resnet18", FRAMEWORK, args.strategy, STRATEGIES)
     if args.amp == "bf16":
         use_bf16()  # here, so that a CPU without bf16 kernels fails before dist workers start
     _check(cfg, plan)
-    if strategy == "dist" and not launch.is_worker():
+    if strategy == "dist" and not launch.is_worker():  # the launcher: every kvstore process
         cmd = [sys.executable, "-m", "mxnet_impl", *launch.worker_argv(args, plan.count)]
         launch.dist_sync(cmd, plan.count, "MXNet dist_sync training", args)
         return
-    kv, ctxs = launch.join(plan) if strategy == "dist" else (None, mdev.get_devices(plan))
+    world = launch.join(plan, args)
     # d2l 13.6: 2 devices train with batch 512 and lr 0.2 (the one-device values times 2).
-    cfg = config.for_devices(cfg, plan.count)
+    cfg = config.for_devices(cfg, world.plan.count)
     ds = data.load_subsets(cfg.train_subset, cfg.test_subset, cfg.seed)
-    net = init_weights(resnet18(), cfg.init_std, cfg.seed, ctxs[:1])
+    net = init_weights(resnet18(), cfg.init_std, cfg.seed, world.devices[:1])
     net.hybridize()
-    run = harness.Run(args, cfg, ds, ctxs, mdev.sync, hooks, kv.rank if kv else 0)
-    with run.sampling(utilization.sampler_for(plan.platform, len(ctxs))):
+    run = harness.Run(args, cfg, ds, world, mdev.sync, hooks)
+    with run.sampling(utilization.sampler_for(plan.platform, len(world.devices))):
         train(net, cfg, ds, {"gluon": context_list, "dist": dist_sync}[strategy], run)
-    names, extra = mdev.device_names(ctxs), {**run.usage(), "amp": args.amp}
-    if kv is not None:  # every worker's contexts, and the kvstore's processes
-        names = [f"worker{r}:{n}" for r in range(kv.num_workers) for n in names]
-        extra |= launch.dist_fields(kv)
-    run.save(plan, names, mdev.versions(), strategy, extra)
+    names, extra = mdev.device_names(world.devices), {**run.usage(), "amp": args.amp}
+    if world.group is not None:  # every worker's contexts, and the kvstore's processes
+        names = [f"worker{r}:{n}" for r in range(world.size) for n in names]
+        extra |= launch.dist_fields(world.group)
+    run.save(world.plan, names, mdev.versions(), strategy, extra)
 
 
 def _check(cfg, plan):

@@ -5,7 +5,7 @@ it is stopped). Each worker is the user's command again (`cli.worker_argv`), whi
 a worker by torchrun's environment (`is_worker`) and runs `worker_main`.
 
 torchrun sets RANK, WORLD_SIZE, LOCAL_RANK and the rendezvous in each worker's environment;
-`process_group` joins the group with them (`torch.distributed.init_process_group`).
+`join` joins the group with them (init_process_group): the worker's world (common.world).
 
 Several machines (resnet18 ddp): the same command on every node, with `--gpus` per node:
 
@@ -24,14 +24,11 @@ torch_impl/torchrun.py):
       -m torch_impl ...
 
 (is_host=false on the other nodes; ADDR this node's address toward HOST, GLOO_SOCKET_IFNAME its
-interface: `Nodes.local`).
-
-Several machines (resnet18 `--nnodes N --node-rank R --rdzv-endpoint HOST:PORT`): each node's
-torchrun joins a c10d rendezvous whose store node 0 hosts on HOST:PORT. torch's waits there end
-in tracebacks, or never (a client of a port that another program holds waits forever), so
-this launcher checks the port on node 0 first, gives torch's timeouts a margin above
-its own bound, and stops torchrun with one line when no worker of this node has started
-training (each says so in a file, READY_FILE_ENV) within `--rdzv-timeout` seconds.
+interface: `Nodes.local`). torch's waits at that rendezvous (its store on node 0) end in
+tracebacks, or never (a client of a port that another program holds waits forever), so this
+launcher checks the port on node 0 first, gives torch's timeouts a margin above its own bound,
+and stops torchrun with one line when no worker of this node has started training (each says
+so in a file, READY_FILE_ENV) within `--rdzv-timeout` seconds.
 
 torchrun runs in a session of its own, so a Ctrl-C reaches the launcher only, which then stops
 torchrun (which stops its workers: they too have sessions of their own) within a bound, and
@@ -50,10 +47,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from common import cli, config, devices, processes, signals, supervise
+from common.world import World, alone
 
 ROOT = Path(__file__).resolve().parent.parent
 ERROR_FILE_ENV = "MULTIDEVICE_WORKER_ERROR_FILE"  # where a worker leaves its one-line error
@@ -188,7 +186,7 @@ def _loopback(env: dict):
     authenticate nobody, and torch's stores listen on every interface whatever address they
     are given. So this launcher hosts the rendezvous store on a socket of its own bound to
     127.0.0.1, torchrun joins it as a client and shares no store of its own, the workers'
-    store is made the same way (`process_group`), and gloo and NCCL use the loopback
+    store is made the same way (`join`), and gloo and NCCL use the loopback
     interface unless told otherwise."""
     import torch.distributed as dist
 
@@ -290,26 +288,34 @@ def is_worker() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ and "LOCAL_RANK" in os.environ
 
 
-@contextlib.contextmanager
-def process_group(plan: devices.DevicePlan):
-    """Join the process group torchrun described in this worker's environment (NCCL on GPUs,
-    gloo on CPUs) and yield (the world's plan: every rank's devices, this rank's device); leave
-    it after the block (end_process_group)."""
+def join(plan: devices.DevicePlan, args=None) -> World:
+    """This process's world: a DDP rank that torchrun started (`is_worker`) joins the group its
+    environment describes (NCCL on GPUs, gloo on CPUs) on its one device, and leaves it as it
+    ends (`worker_main`); any other process is alone on the plan's devices. `args`: unused."""
     import torch
     import torch.distributed as dist
 
+    from torch_impl import devices as tdev
+
+    if not is_worker():
+        return World.single(tdev.get_devices(plan), plan)
     local, gpu = int(os.environ["LOCAL_RANK"]), plan.platform == "gpu"
     device = torch.device(f"cuda:{local}") if gpu else torch.device("cpu")
     if gpu:
         torch.cuda.set_device(device)
     timeout = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
     dist.init_process_group("nccl" if gpu else "gloo", timeout=timeout, **_loopback_store())
-    signal_ready()  # every node has joined: the launcher's wait ends
-    try:
-        world = devices.DevicePlan(dist.get_world_size(), plan.platform, plan.virtual)
-        yield world, device
-    finally:
-        end_process_group()
+    if os.environ.get(READY_FILE_ENV):  # every node has joined: the launcher's wait ends
+        Path(os.environ[READY_FILE_ENV]).touch()
+
+    def total(x):  # float64, on the rank's device: NCCL reduces CUDA tensors only
+        t = torch.tensor(x, dtype=torch.float64, device=device)
+        dist.all_reduce(t)
+        return t.cpu().numpy()
+
+    rank, size = dist.get_rank(), dist.get_world_size()
+    everyone = replace(plan, count=size)  # one device per rank
+    return World(rank, size, [device], total if size > 1 else alone, everyone, dist.group.WORLD)
 
 
 def _loopback_store() -> dict:
@@ -319,8 +325,7 @@ def _loopback_store() -> dict:
         return {}
     import torch.distributed as dist
 
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    port = int(os.environ["MASTER_PORT"])
+    rank, world, port = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "MASTER_PORT"))
     timeout = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
     if rank:
         store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timeout)
@@ -335,12 +340,14 @@ def _loopback_store() -> dict:
 
 
 def end_process_group() -> None:
-    """destroy_process_group, called from a worker's `finally`: first every rank waits for the
-    others, where its run ended well or diverged (every rank's training stops then), so none
-    leaves while another still uses the group (rank 0 writing the record). After another error
-    the others may never come. The worker then ends with exit_worker: gloo's threads live on."""
+    """Leave the group `join` joined, if any (a worker's `finally`, `worker_main`): first every
+    rank waits for the others where its run ended well or diverged (every rank's training then
+    stops), so none leaves while another still uses it (rank 0 writing the record); after another
+    error they may never come. exit_worker then ends the worker: gloo's threads live on."""
     import torch.distributed as dist
 
+    if not dist.is_initialized():
+        return
     if sys.exc_info()[0] in (None, cli.training.Diverged):
         try:
             dist.barrier()
@@ -351,12 +358,6 @@ def end_process_group() -> None:
 
 class PeerLeft(Exception):
     """Another rank left the group, with an error its own line says: this rank ends quietly."""
-
-
-def signal_ready() -> None:
-    """In a worker, once its process group is up: the rendezvous has completed."""
-    if os.environ.get(READY_FILE_ENV):
-        Path(os.environ[READY_FILE_ENV]).touch()
 
 
 def worker_main(entry) -> None:
@@ -370,7 +371,10 @@ def worker_main(entry) -> None:
     code = 0
     try:
         with signals.as_interrupt():
-            entry()
+            try:
+                entry()
+            finally:
+                end_process_group()
     except cli.USER_ERRORS as e:
         line, code = f"error: {e}", cli.exit_code(e)
         if os.environ.get(ERROR_FILE_ENV):  # the launcher says it, once for all its workers
@@ -386,12 +390,10 @@ def worker_main(entry) -> None:
 
 
 def exit_worker(code: int) -> None:
-    """End a worker whose process group is gone, skipping the interpreter's shutdown. gloo's
-    threads outlive destroy_process_group, and one that drops the last reference to a tensor
-    Python made (a finished collective's) while the interpreter shuts down cannot take the GIL:
-    the process aborts (SIGABRT; docs/design.md, "Traps"). The worker's files are written and
-    closed by now: the streams are flushed and the process leaves at once, as a forked
-    multiprocessing child does."""
+    """End a worker whose process group is gone, skipping the interpreter's shutdown, where
+    gloo's threads, which outlive destroy_process_group, can abort it (SIGABRT; docs/design.md,
+    "Traps"). Its files are written and closed by now: the streams are flushed and the process
+    leaves at once, as a forked multiprocessing child does."""
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed or broken stream: nothing to say
             stream.flush()

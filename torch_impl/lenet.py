@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from common import config, data, harness, training, weights
+from common.world import World
 from torch_impl import devices as tdev
 
 FRAMEWORK, STRATEGY = "torch", "scratch"
@@ -103,10 +104,10 @@ def evaluate(device_params, X, y, devices):
 
 
 def train(cfg, ds, run, model=lenet):
-    """d2l's train(num_gpus, batch_size, lr) on preloaded arrays, on `run.devices`; `run`
+    """d2l's train(num_gpus, batch_size, lr) on preloaded arrays, on `run.world.devices`; `run`
     (common.harness.Run) times, logs and records it. `model`: lenet, or lenet torch.compiled
     (--compile), as JAX jits its per-device step. Returns the device parameters."""
-    devices = run.devices
+    devices = run.world.devices
     X, y, X_test, y_test = tdev.to_device(data.as_float(ds, np.int64), devices[0])
     params = init_params(cfg.init_std, cfg.seed)
     device_params = [get_params(params, d) for d in devices]
@@ -134,7 +135,7 @@ def main(args, plan, cfg, hooks) -> None:
     if args.compile:  # compiled (and CUDA graphs captured) in the warm-up, never in an epoch
         model, calls = tdev.compile_function(lenet, devices[0], len(devices))
     sync = lambda: tdev.sync(devices)  # noqa: E731
-    with harness.Run(args, cfg, ds, devices, sync, hooks, calls=calls) as run:
+    with harness.Run(args, cfg, ds, World.single(devices, plan), sync, hooks, calls=calls) as run:
         train(cfg, ds, run, model)
     extra = tdev.compile_fields(args.compile, devices[0], len(devices))  # mode, graphs left out
     run.save(plan, tdev.device_names(devices), tdev.versions(), STRATEGY, extra)

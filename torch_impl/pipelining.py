@@ -63,33 +63,31 @@ def worker(hooks, stage_of, make_data):
     spec = json.loads(os.environ[SPEC_ENV])
     cfg = config.Resnet50Config(**{**spec["cfg"], "split_sizes": tuple(spec["cfg"]["split_sizes"])})
     plan = devices.DevicePlan(1, "gpu" if spec["gpu"] else "cpu", not spec["gpu"])
-    with launch.process_group(plan) as (world_plan, device):
-        rank, world = dist.get_rank(), world_plan.count
-        stage_module = stage_of(cfg, rank, world, device)
-        schedule = _schedule(spec, cfg, stage_module, rank, world, device)
-        trace = profiling.tracer_at(hooks, spec["profile"], "resnet50", spec["strategy"], rank)
-        inputs, labels = make_data(cfg, [device])
-        timer, losses, busy = _run(
-            schedule, stage_module, cfg, (inputs, labels), rank, world, trace
-        )
-        stage_params, stage_busy = [None] * world, [None] * world
-        dist.all_gather_object(stage_params, sum(p.numel() for p in stage_module.parameters()))
-        dist.all_gather_object(stage_busy, None if spec["gpu"] else busy / sum(timer.times))
-        if rank == world - 1:
-            n_micro = cfg.batch_size // spec["split_size"]
-            extra = {"num_stages": world, "stage_params": stage_params}
-            # On a CPU, the share of the timed repeats each stage computed (its CPU time over
-            # the wall time and its threads) beside GPipe's bubble (p - 1) / (m + p - 1): the
-            # rest of a stage's time it waited, for its peer or for the link.
-            extra |= {
-                "stage_busy": stage_busy,
-                "bubble_formula": (world - 1) / (n_micro + world - 1),
-            }
-            extra |= {"n_microbatches": n_micro}
-            extra |= {"engine": "torch.distributed.pipelining", "backend": dist.get_backend()}
-            out = {"times": timer.times, "warmup_times": timer.warmup_times, "extra": extra}
-            out["losses"] = [loss.item() for loss in losses]
-            Path(spec["out"]).write_text(json.dumps(out))
+    joined = launch.join(plan)  # left as the worker ends (launch.worker_main)
+    rank, world, device = joined.rank, joined.size, joined.devices[0]
+    stage_module = stage_of(cfg, rank, world, device)
+    schedule = _schedule(spec, cfg, stage_module, rank, world, device)
+    trace = profiling.tracer_at(hooks, spec["profile"], "resnet50", spec["strategy"], rank)
+    inputs, labels = make_data(cfg, [device])
+    timer, losses, busy = _run(schedule, stage_module, cfg, (inputs, labels), rank, world, trace)
+    stage_params, stage_busy = [None] * world, [None] * world
+    dist.all_gather_object(stage_params, sum(p.numel() for p in stage_module.parameters()))
+    dist.all_gather_object(stage_busy, None if spec["gpu"] else busy / sum(timer.times))
+    if rank == world - 1:
+        n_micro = cfg.batch_size // spec["split_size"]
+        extra = {"num_stages": world, "stage_params": stage_params}
+        # On a CPU, the share of the timed repeats each stage computed (its CPU time over the
+        # wall time and its threads) beside GPipe's bubble (p - 1) / (m + p - 1): the rest of a
+        # stage's time it waited, for its peer or for the link.
+        extra |= {
+            "stage_busy": stage_busy,
+            "bubble_formula": (world - 1) / (n_micro + world - 1),
+        }
+        extra |= {"n_microbatches": n_micro}
+        extra |= {"engine": "torch.distributed.pipelining", "backend": dist.get_backend()}
+        out = {"times": timer.times, "warmup_times": timer.warmup_times, "extra": extra}
+        out["losses"] = [loss.item() for loss in losses]
+        Path(spec["out"]).write_text(json.dumps(out))
 
 
 def _schedule(spec, cfg, stage_module, rank, world, device):

@@ -1,7 +1,7 @@
 """ResNet-18 on Fashion-MNIST, concise data parallel in PyTorch (d2l 13.6).
 
-Strategies (`--strategy`), each one function that returns (place, shard, step, correct, total)
-(common/training.py, "A strategy"):
+Strategies (`--strategy`), each one function of (net, optimizer, world) that returns (place,
+shard, step, correct, total) (common/training.py, "A strategy"):
   ddp (default)  `ddp`: DistributedDataParallel, one process per device started by torchrun
                  (torch_impl/launch.py, which also runs it over several machines): NCCL on GPUs,
                  gloo on CPU.
@@ -10,14 +10,13 @@ Strategies (`--strategy`), each one function that returns (place, shard, step, c
 """
 
 import copy
-import dataclasses
 import os
 from collections import OrderedDict
 from contextlib import nullcontext
+from dataclasses import replace
 
 import numpy as np
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -158,9 +157,11 @@ def evaluate(net, x, y):
 # --- the parallelism: one function per strategy ------------------------------------------------
 
 
-def data_parallel(net, optimizer, devices):
-    """nn.DataParallel: one process; each step scatters the batch over `devices`, replicates the
-    module, gathers the outputs on devices[0], and backward sums the gradients there."""
+def data_parallel(net, optimizer, world):
+    """nn.DataParallel: one process; each step scatters the batch over the world's devices,
+    replicates the module, gathers the outputs on the first, and backward sums the gradients
+    there."""
+    devices = world.devices
     wrapped = nn.DataParallel(net, device_ids=[d.index for d in devices])
 
     def place(arrays):  # on the first device, where DataParallel scatters from
@@ -181,17 +182,17 @@ def data_parallel(net, optimizer, devices):
     return place, shard, step, correct, total
 
 
-def ddp(net, optimizer, devices):
-    """DistributedDataParallel: this process is one rank of a process group of one process per
-    device (torchrun started them, torch_impl/launch.py joined the group); `devices` is the
-    rank's one. Each rank takes its row of every global batch, so a global batch is the one-
-    device batch. DDP broadcasts rank 0's weights and, during backward, all-reduces (averages)
-    the gradients in buckets: every rank takes the same step. BatchNorm statistics stay per rank
+def ddp(net, optimizer, world):
+    """DistributedDataParallel: this process is rank `world.rank` of a process group of one
+    process per device (torchrun started them, torch_impl/launch.py joined the group), on its one
+    device. Each rank takes its row of every global batch, so a global batch is the one-device
+    batch. DDP broadcasts rank 0's weights and, during backward, all-reduces (averages) the
+    gradients in buckets: every rank takes the same step. BatchNorm statistics stay per rank
     (DDP's default). One rank has nothing to average, yet DDP would all-reduce every gradient:
     it trains the plain module, as JAX and Gluon do on one device."""
-    device, rank, world = devices[0], dist.get_rank(), dist.get_world_size()
+    device, rank, size = world.devices[0], world.rank, world.size
     wrapped = net
-    if world > 1:
+    if size > 1:
         ids = [device.index] if device.type == "cuda" else None
         wrapped = nn.parallel.DistributedDataParallel(net, device_ids=ids)
 
@@ -199,21 +200,17 @@ def ddp(net, optimizer, devices):
         return tdev.to_device(data.as_float(arrays, np.int64), device)
 
     def shard(batches):  # this rank's row of every global batch, in one copy
-        return tdev.one_copy([data.shard_batch(idx, world)[rank] for idx in batches], device)
+        return tdev.one_copy([data.shard_batch(idx, size)[rank] for idx in batches], device)
 
     def step(x, y, rows):
         return train_step(wrapped, optimizer, x[rows], y[rows]) * len(rows)
 
     def correct(x, y, idx):  # this rank's share of the test batch, on its local module
-        rows = np.array_split(idx, world)[rank]
+        rows = np.array_split(idx, size)[rank]
         return evaluate(net, x[rows], y[rows])
 
     def total(losses, hits):  # summed over the ranks: one all-reduce of both
-        sums = [float(sum(losses)), float(sum(hits))]
-        sums = torch.tensor(sums, dtype=torch.float64, device=device)  # NCCL: CUDA tensors
-        if world > 1:
-            dist.all_reduce(sums)
-        return sums.tolist()
+        return world.sum(np.array([float(sum(losses)), float(sum(hits))])).tolist()
 
     return place, shard, step, correct, total
 
@@ -221,7 +218,7 @@ def ddp(net, optimizer, devices):
 def train(net, cfg, ds, strategy, run):
     """d2l's train loop on preloaded arrays: `strategy` (one of the functions above) spreads each
     step over the devices; `run` (common.harness.Run) times, logs and records it."""
-    place, shard, step, correct, total = strategy(net, make_optimizer(net, cfg.lr), run.devices)
+    place, shard, step, correct, total = strategy(net, make_optimizer(net, cfg.lr), run.world)
     x_train, y_train, x_test, y_test = place(ds)
     initial = copy.deepcopy(net.state_dict())
     for part in run.warm_up(shard):  # each batch shape once (compilation, autotuning)
@@ -234,19 +231,32 @@ def train(net, cfg, ds, strategy, run):
 
 
 def main(args, plan, cfg, hooks):
-    """Check everything; then train here (dataparallel, or one DDP rank that torchrun started),
-    or start one DDP rank per device with torchrun (torch_impl/launch.py)."""
+    """Check everything; then start one DDP rank per device with torchrun (torch_impl/launch.py),
+    or train here: join the world (a DDP rank joins its group), build, train, record (rank 0)."""
     strategy = training.choose_strategy("resnet18", FRAMEWORK, args.strategy, STRATEGIES)
     nodes = launch.Nodes.of(args)  # several machines: `--gpus` devices on each
-    world = plan if nodes is None else dataclasses.replace(plan, count=plan.count * nodes.count)
-    _check(cfg, world, strategy)
-    if strategy == "dataparallel":
-        _run(args, plan, cfg, hooks, strategy, tdev.get_devices(plan))
-    elif launch.is_worker():
-        with launch.process_group(plan) as (world, device):
-            _run(args, world, cfg, hooks, strategy, [device])
-    else:
+    _check(cfg, plan if nodes is None else replace(plan, count=plan.count * nodes.count), strategy)
+    if strategy == "ddp" and not launch.is_worker():  # the launcher: a rank per device
         launch.torchrun(cli.worker_argv(args, strategy="ddp"), plan.count, "DDP training", nodes)
+        return
+    world = launch.join(plan, args)
+    # d2l 13.6: 2 devices train with batch 512 and lr 0.2 (the one-device values times 2).
+    cfg = config.for_devices(cfg, world.plan.count)
+    ds = data.load_subsets(cfg.train_subset, cfg.test_subset, cfg.seed)
+    device = world.devices[0]
+    net = init_weights(resnet18(amp=args.amp == "bf16"), cfg.init_std, cfg.seed).to(device)
+    net = tdev.gpu_layout(net, device)
+    # --compile: in place, before DDP or DataParallel wraps it, as torch's docs advise; it
+    # compiles (and captures CUDA graphs) in the warm-up, never in a timed epoch.
+    calls = tdev.compile_model(net, device, world.size) if args.compile else 1
+    run = harness.Run(args, cfg, ds, world, lambda: tdev.sync([device]), hooks, calls)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", 1)) * len(world.devices)  # on this machine
+    with run.sampling(utilization.sampler_for(plan.platform, local if world.rank == 0 else 0)):
+        train(net, cfg, ds, {"ddp": ddp, "dataparallel": data_parallel}[strategy], run)
+    names = tdev.device_names(world.devices)
+    if world.group is not None:  # a DDP rank knows its own device only
+        names = [f"rank{r}:{device.type}" for r in range(world.size)]
+    run.save(world.plan, names, tdev.versions(), strategy, _extra(args, run, world))
 
 
 def _check(cfg, plan, strategy):
@@ -263,27 +273,14 @@ def _check(cfg, plan, strategy):
         )
 
 
-def _run(args, plan, cfg, hooks, strategy, devs):
-    """Train and record one run: the DataParallel process, or one DDP rank (rank 0 records)."""
-    # d2l 13.6: 2 devices train with batch 512 and lr 0.2 (the one-device values times 2).
-    cfg = config.for_devices(cfg, plan.count)
-    ds = data.load_subsets(cfg.train_subset, cfg.test_subset, cfg.seed)
-    net = init_weights(resnet18(amp=args.amp == "bf16"), cfg.init_std, cfg.seed).to(devs[0])
-    net = tdev.gpu_layout(net, devs[0])
-    rank, world = (dist.get_rank(), dist.get_world_size()) if strategy == "ddp" else (0, 1)
-    # --compile: in place, before DDP or DataParallel wraps it, as torch's docs advise; it
-    # compiles (and captures CUDA graphs) in the warm-up, never in a timed epoch.
-    calls = tdev.compile_model(net, devs[0], world) if args.compile else 1
-    run = harness.Run(args, cfg, ds, devs, lambda: tdev.sync(devs[:1]), hooks, rank, calls)
-    local = len(devs) if strategy != "ddp" else int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    with run.sampling(utilization.sampler_for(plan.platform, local if rank == 0 else 0)):
-        train(net, cfg, ds, {"ddp": ddp, "dataparallel": data_parallel}[strategy], run)
-    extra = tdev.gather_usage(run.usage(), devs, plan.platform == "gpu", world)
-    extra |= {"world_size": world, "amp": args.amp, "ddp_wrapper": strategy == "ddp" and world > 1}
-    extra |= tdev.compile_fields(args.compile, devs[0], world)  # --compile: mode, graphs left out
+def _extra(args, run, world):
+    """The record's torch fields: every rank's usage, the world, --compile's and the threads."""
+    gpu = world.plan.platform == "gpu"
+    extra = tdev.gather_usage(run.usage(), world.devices, gpu, world.size)
+    extra |= {"world_size": world.size, "amp": args.amp, "ddp_wrapper": world.size > 1}
+    # --compile: its mode, and the graphs left out of CUDA graphs
+    extra |= tdev.compile_fields(args.compile, world.devices[0], world.size)
     extra["nnodes"] = int(os.environ.get("GROUP_WORLD_SIZE", 1))  # torchrun's: the nodes
     if os.environ.get("OMP_NUM_THREADS"):
         extra["omp_num_threads_env"] = os.environ["OMP_NUM_THREADS"]
-    ranks = [f"rank{r}:{devs[0].type}" for r in range(world)]
-    names = ranks if strategy == "ddp" else tdev.device_names(devs)
-    run.save(plan, names, tdev.versions(), strategy, extra)
+    return extra

@@ -4,9 +4,10 @@ Parsed with `ast` and `tokenize`, so no framework is imported. For each workload
 jax_impl/ and mxnet_impl/ define the same public top-level functions and classes in the same
 order; what a framework needs beyond them is listed below, with the reason. Private (`_`) names
 are ignored. Each strategy's parallelism is one function of one contract (common/training.py,
-"A strategy"), right before `train`; `train` is short, takes the same few parameters, never asks
-which strategy runs, and calls the harness (common.harness) in the same order everywhere. The
-files stay readable at their formatted length, and their comments say why, in the present.
+"A strategy"), right before `train`, and takes the world that its framework's `launch.join`
+makes; `train` is short, takes the same few parameters, never asks which strategy runs, and
+calls the harness (common.harness) in the same order everywhere. The files stay readable at
+their formatted length, and their comments say why, in the present.
 """
 
 import ast
@@ -25,6 +26,8 @@ PARALLEL = (*WORKLOADS, "ceiling")
 MAX_FUNCTION_LINES = 60
 MAX_FILE_LINES = 400
 MAX_WORKLOAD_LINES = 300  # a workload file, as `ruff format` writes it (make lint checks that)
+# JAX's resnet18 holds a third strategy, shard_map, beside sharding and pmap: its lines on top
+LONGER = {("jax", "resnet18"): 40}
 MAX_TRAIN_LINES, MAX_TRAIN_PARAMETERS = 30, 5
 
 # Framework-forced extras, per workload and framework.
@@ -52,11 +55,11 @@ EXTRAS = {
 STRATEGY_FUNCTIONS = {
     "resnet18": {
         "torch": ["data_parallel", "ddp"],
-        "jax": ["pmap", "sharding"],
+        "jax": ["pmap", "shard_map", "sharding"],
         "mxnet": ["context_list", "dist_sync"],
     }
 }
-STRATEGY_ARGS = ["net", "optimizer", "devices"]
+STRATEGY_ARGS = ["net", "optimizer", "world"]
 STRATEGY_RETURNS = ["place", "shard", "step", "correct", "total"]
 # The harness calls of `train`, in the order each `train` makes them (common/harness.py).
 HARNESS = {"warm_up", "epochs", "test_batches", "log"}
@@ -99,7 +102,7 @@ def test_the_three_files_define_the_same_names_in_the_same_order(workload):
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_every_strategy_keeps_one_contract(framework):
-    """Each strategy takes (net, optimizer, devices), defines the five functions of the
+    """Each strategy takes (net, optimizer, world), defines the five functions of the
     contract inside itself and returns them, in order: the same kind of thing everywhere."""
     defs = top_level(path_of(framework, "resnet18"))
     for name in STRATEGY_FUNCTIONS["resnet18"][framework]:
@@ -110,6 +113,17 @@ def test_every_strategy_keeps_one_contract(framework):
         last = func.body[-1]
         assert isinstance(last, ast.Return) and isinstance(last.value, ast.Tuple), name
         assert [getattr(e, "id", None) for e in last.value.elts] == STRATEGY_RETURNS, name
+
+
+def test_every_framework_joins_its_processes_the_same_way():
+    """Each framework's launch.py makes the world the strategies take with one `join`, of the
+    same arguments and with the same default (common/world.py)."""
+    joins = {f: top_level(ROOT / f"{f}_impl" / "launch.py").get("join") for f in FRAMEWORKS}
+    for f, join in joins.items():
+        assert isinstance(join, ast.FunctionDef), f"{f}_impl/launch.py defines no join"
+        assert [a.arg for a in join.args.args] == ["plan", "args"], f
+        assert [ast.unparse(d) for d in join.args.defaults] == ["None"], f
+        assert ast.unparse(join.returns) == "World", f
 
 
 def train_functions():
@@ -184,11 +198,13 @@ def test_the_pipeline_schedule_lives_in_the_same_class_everywhere():
 @pytest.mark.parametrize("workload", WORKLOADS)
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_workload_files_are_short_without_formatting_tricks(framework, workload):
-    """At most 300 lines, counted as `ruff format` leaves them (make lint holds them to it): no
-    `fmt: skip` or `fmt: off` to squeeze lines past the formatter."""
+    """At most 300 lines (LONGER: more for a file with more strategies), counted as `ruff
+    format` leaves them (make lint holds them to it): no `fmt: skip` or `fmt: off` to squeeze
+    lines past the formatter."""
     text = path_of(framework, workload).read_text()
     assert not re.search(r"fmt:\s*(skip|off)", text), f"{framework}/{workload}: fmt directive"
-    assert len(text.splitlines()) <= MAX_WORKLOAD_LINES, f"{framework}/{workload}"
+    limit = MAX_WORKLOAD_LINES + LONGER.get((framework, workload), 0)
+    assert len(text.splitlines()) <= limit, f"{framework}/{workload}"
 
 
 def test_no_python_file_of_the_project_turns_the_formatter_off():

@@ -34,7 +34,7 @@ def test_plan_on_a_cpu_machine():
     plan = run.make_plan(run.ALL, WORKLOADS, "auto", accelerators=0, cpu_bf16=True, cpu_cores=2)
     assert (plan.platform, plan.preset) == ("cpu", "cpu")
     steps = described(plan.steps)
-    assert len(steps) == 37
+    assert len(steps) == 40
     assert steps[:4] == [
         ("torch", "lenet", 1, None, ()),  # the comparison, on every core (--ceiling)
         ("torch", "lenet", 1, None, LENET_PINNED),  # the scaling pair, a core per device
@@ -52,6 +52,9 @@ def test_plan_on_a_cpu_machine():
         ("jax", "resnet18", 1, "sharding", R18_PINNED),
         ("jax", "resnet18", 2, "sharding", R18_PINNED),
         ("jax", "resnet18", 1, "sharding", BF16),
+        ("jax", "resnet18", 1, "shard_map", ()),
+        ("jax", "resnet18", 1, "shard_map", R18_PINNED),
+        ("jax", "resnet18", 2, "shard_map", R18_PINNED),
         ("jax", "resnet18", 1, "pmap", ()),
         ("jax", "resnet18", 1, "pmap", R18_PINNED),
         ("jax", "resnet18", 2, "pmap", R18_PINNED),
@@ -108,7 +111,7 @@ def test_a_one_core_cpu_cannot_give_two_devices_a_core_each():
 
 def test_bf16_runs_need_bf16_arithmetic():
     plan = run.make_plan(run.ALL, ["resnet18"], "cpu", accelerators=0, cpu_bf16=False)
-    assert not [s for s in plan.steps if "bf16" in s.flags] and len(plan.steps) == 19 - 4
+    assert not [s for s in plan.steps if "bf16" in s.flags] and len(plan.steps) == 22 - 4
     bf16 = [(s.framework, s.strategy, s.flags, why) for s, why in plan.skipped if "bf16" in s.flags]
     assert [x[:3] for x in bf16] == [
         ("torch", "ddp", BF16),
@@ -124,7 +127,7 @@ def test_bf16_runs_need_bf16_arithmetic():
 def test_plan_on_a_two_gpu_machine():
     plan = run.make_plan(run.ALL, WORKLOADS, "auto", accelerators=2, cpu_bf16=True)
     assert (plan.platform, plan.preset) == ("gpu", "full")
-    assert len(plan.steps) == 31
+    assert len(plan.steps) == 33
     assert not [s for s in plan.steps if s.cores]  # a GPU is a device of its own
     assert ("torch", "resnet18", 2, "dataparallel", ()) in described(plan.steps)
     assert ("torch", "resnet18", 1, "dataparallel", COMPILED) in described(plan.steps)
@@ -135,13 +138,13 @@ def test_plan_on_a_two_gpu_machine():
 def test_plan_on_a_one_gpu_machine_skips_two_device_runs_with_a_reason():
     plan = run.make_plan(run.ALL, WORKLOADS, "auto", accelerators=1)
     assert all(s.gpus == 1 for s in plan.steps)
-    # lenet x3 + torch compiled; resnet18: torch ddp x4 + dataparallel x2, jax x3, mxnet x1;
+    # lenet x3 + torch compiled; resnet18: torch ddp x4 + dataparallel x2, jax x4, mxnet x1;
     # resnet50 (single, and the sweep with both stages on the GPU) x3 x2
-    assert len(plan.steps) == 4 + 6 + 3 + 1 + 6
+    assert len(plan.steps) == 4 + 6 + 4 + 1 + 6
     assert ("mxnet", "resnet50", 1, None, ()) in described(plan.steps)
     assert ("torch", "resnet50", 1, None, ("--sweep",)) in described(plan.steps)
     two = [why for s, why in plan.skipped if s.gpus == 2]
-    assert len(two) == 25 - 8
+    assert len(two) == 26 - 8
     assert all(why == "needs 2 GPUs; this machine has 1" for why in two)
 
 
@@ -301,11 +304,11 @@ def test_a_failing_run_does_not_stop_the_others(tmp_path):
         echo=lines.append,
     )
     assert code == 1
-    assert len(calls) == 37  # every step ran
+    assert len(calls) == 40  # every step ran
     text = "\n".join(lines)
-    assert "18 of 37 run(s) ok, 19 failed, 0 not run, 3 skipped on this machine" in text
+    assert "18 of 40 run(s) ok, 22 failed, 0 not run, 3 skipped on this machine" in text
     assert "FAILED (exit 1)" in text and "ValueError: broken" in text
-    assert "[37/37] ok in" in text
+    assert "[40/40] ok in" in text
 
 
 def test_end_to_end_with_fake_environments(tmp_path, capsys):
@@ -338,7 +341,7 @@ def test_end_to_end_with_fake_environments(tmp_path, capsys):
     assert "    | fake jax lenet on 2" in text  # the child's output, streamed
     assert "boom in torch resnet18" in text.split("== summary")[1]  # stderr tail in the summary
     assert re.search(r"NOT RUN  mxnet lenet .*: no environment .*make setup FRAMEWORK=mxnet", text)
-    assert "7 of 29 run(s) ok, 13 failed, 9 not run, 3 skipped on this machine" in text
+    assert "7 of 32 run(s) ok, 16 failed, 9 not run, 3 skipped on this machine" in text
     md = (out / "report.md").read_text()
     assert (
         "| torch | scratch | shared | cpu (virtual) | smoke | 0.800 | 4.00 ± 0.00 s (n=1) |" in md

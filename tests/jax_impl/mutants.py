@@ -61,6 +61,16 @@ MUTANTS = [
         "gradients psum'd instead of pmean'd: every step N times too large",
     ),
     Mutant(
+        "jax-r18-shard-map-checked-grad",
+        "jax",
+        f"{R18}::test_two_devices_equal_one_device_with_batchnorm[shard_map]",
+        "jax_impl/resnet18.py",
+        "out_specs=P(), check_vma=False)",
+        "out_specs=P())",
+        "shard_map's default check_vma: grad already sums replicated parameters' gradients over "
+        "the devices, and the pmean leaves N times the gradient",
+    ),
+    Mutant(
         "jax-lenet-allreduce-term",
         "jax",
         f"{LENET}::test_matches_the_float64_reference_fixture[2]",

@@ -9,6 +9,7 @@ import jax
 import numpy as np
 
 from jax_impl import resnet18 as r18
+from tests.fixtures import runs
 
 BATCHNORMS = 20  # d2l's ResNet-18: the stem's and two per residual block, 8 blocks, + 3 shortcuts
 
@@ -16,7 +17,7 @@ BATCHNORMS = 20  # d2l's ResNet-18: the stem's and two per residual block, 8 blo
 def all_reduces(devices) -> list[str]:
     """The operand shapes of each all-reduce in the optimized program of one sharding step."""
     net, optimizer = r18.resnet18(), r18.make_optimizer(0.1)
-    place, shard, step, _, _ = r18.sharding(net, optimizer, devices)
+    place, shard, step, _, _ = r18.sharding(net, optimizer, runs.world_of(devices))
     variables = r18.init_weights(net, 0.01, 0)
     state = dict(variables, opt_state=optimizer.init(variables["params"]))
     x, y = np.zeros((64, 28, 28, 1), np.float32), np.zeros(64, np.int32)

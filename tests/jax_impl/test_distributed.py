@@ -2,6 +2,7 @@
 config errors, and a process whose peers never come ends in bounded time with one line. The
 two-process run itself is tested in test_resnet18.py."""
 
+import argparse
 import os
 import re
 import signal
@@ -45,7 +46,21 @@ def test_bad_multi_process_settings_are_config_errors(monkeypatch, env, message)
             monkeypatch.setenv(name, value)
     monkeypatch.setattr(jax.distributed, "initialize", lambda *a, **k: pytest.fail("joined"))
     with pytest.raises(config.ConfigError, match=re.escape(message)):
-        launch.join("sharding", devices.DevicePlan(1, "cpu", True))
+        launch.join(devices.DevicePlan(1, "cpu", True))
+
+
+def test_one_process_is_a_world_of_its_own_and_several_run_sharding_only(monkeypatch):
+    """Without JAX_NUM_PROCESSES a process is alone; with it, a strategy that cannot span
+    processes is refused before jax.distributed is touched."""
+    monkeypatch.delenv("JAX_NUM_PROCESSES", raising=False)
+    world = launch.join(devices.DevicePlan(1, "cpu", True))
+    assert (world.rank, world.size, world.plan.count, world.sum(3.0)) == (0, 1, 1, 3.0)
+    assert world.devices == jax.devices("cpu")[:1]
+    monkeypatch.setenv("JAX_NUM_PROCESSES", "2")
+    monkeypatch.setattr(jax.distributed, "initialize", lambda *a, **k: pytest.fail("joined"))
+    args = argparse.Namespace(strategy="shard_map", nnodes=None)
+    with pytest.raises(config.ConfigError, match="need --strategy sharding, not shard_map"):
+        launch.join(devices.DevicePlan(1, "cpu", True), args)
 
 
 def free_port() -> int:
@@ -62,6 +77,40 @@ def process_0(address: str, **env) -> dict:
         "JAX_PROCESS_ID": "0",
         **env,
     }
+
+
+SUM = """
+import numpy as np
+from common import devices
+devices.set_jax_host_devices(1)  # one CPU device per process, as --gpus 1 sets it
+from jax_impl import launch
+world = launch.join(devices.DevicePlan(1, "cpu", True))
+print(world.rank, world.size, world.plan.count, world.sum(np.array([world.rank, 1.0])).tolist())
+"""
+
+
+@pytest.mark.multi_device
+def test_two_processes_join_one_world_whose_sum_spans_both():
+    """launch.join in two processes: every process's devices, and `sum` over the processes."""
+    address = f"127.0.0.1:{free_port()}"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", SUM],
+            cwd=ROOT,
+            env={**os.environ, **process_0(address), "JAX_PROCESS_ID": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in (0, 1)
+    ]
+    try:
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    lines = [out.strip().splitlines()[-1] if out.strip() else err for out, err in outs]
+    assert lines == ["0 2 2 [1.0, 2.0]", "1 2 2 [1.0, 2.0]"], lines
 
 
 def run_alone(env: dict, tmp_path) -> tuple[subprocess.CompletedProcess, float]:

@@ -1,4 +1,4 @@
-"""resnet18 in JAX: model, weights, parity fixture, sharding/pmap == one device, smoke runs.
+"""resnet18 in JAX: model, weights, parity fixture, each strategy == one device, smoke runs.
 Two virtual CPU devices come from tests/jax_impl/conftest.py."""
 
 import contextlib
@@ -134,35 +134,47 @@ def _one_device_steps():
 
 @pytest.mark.numerics
 @pytest.mark.multi_device
-@pytest.mark.parametrize("strategy", ["sharding", "pmap"])
+@pytest.mark.parametrize("strategy", r18.STRATEGIES)
 def test_two_devices_equal_one_device_with_batchnorm(strategy):
-    """Rule 1: BatchNorm included, for both strategies compute what one device computes on the
-    whole batch (sharding: global-batch statistics; pmap: pmean'd statistics and gradients), so
-    in float64 they agree to 2**-24 (a gradient averaged twice or not at all is off by O(1))."""
+    """Rule 1: BatchNorm included, every strategy computes what one device computes on the whole
+    batch (sharding: global-batch statistics; shard_map and pmap: pmean'd statistics and
+    gradients), so in float64 they agree to 2**-24 (a gradient averaged twice or not at all is
+    off by O(1))."""
     start, single, losses = _one_device_steps()
     with jax.enable_x64(True):
         x, y, steps = _batches()
         devs = jax.devices("cpu")[:2]
-        axis = r18.AXIS if strategy == "pmap" else None
-        net = r18.resnet18(width=8, axis_name=axis, dtype=jnp.float64)
+        net = r18.resnet18(width=8, axis_name=_axis(strategy), dtype=jnp.float64)
         opt = r18.make_optimizer(0.1)
-        place, shard, step, _, total = getattr(r18, strategy)(net, opt, devs)
+        place, shard, step, _, total = getattr(r18, strategy)(net, opt, runs.world_of(devs))
         state, (x_all, y_all) = place(_start(net, opt)), place([x, y])
         got_losses = []
         for idx, part in zip(steps, shard(steps), strict=True):
             state, loss = step(state, x_all, y_all, part)
             got_losses.append(total([loss], [])[0] / len(idx))  # the batch's summed loss
-        replicas = [state]
-        if strategy == "pmap":  # one replica per device
-            replicas = [jax.tree_util.tree_map(lambda a, i=i: a[i], state) for i in range(2)]
-        got = [r18.get_weights(r) for r in replicas]
+        got = [r18.get_weights(r) for r in _replicas(state, strategy)]
     # The steps moved the weights far more than the limit: the check can see a wrong step.
     assert numerics.rel_error(single, start) > 1e3 * numerics.SAME_MATH_LIMIT
     name = f"jax resnet18 {strategy} 2 devices vs 1"
     numerics.check_same_math(f"{name}: weights", got[0], single)
     numerics.check_same_math(f"{name}: losses", got_losses, losses)
-    for k, v in got[-1].items():  # pmap: the same update on each device, bitwise
+    for k, v in got[-1].items():  # the same update on each device, bitwise
         np.testing.assert_array_equal(v, got[0][k], err_msg=k)
+
+
+def _axis(strategy):
+    """The net's axis_name as main chooses it: per-device code pmeans BatchNorm's statistics."""
+    return r18.AXIS if strategy in ("shard_map", "pmap") else None
+
+
+def _replicas(state, strategy):
+    """Each device's copy of the state: pmap's rows of its leading axis, or the buffers of a
+    replicated array (shard_map's P() outputs are each device's own result, unchecked)."""
+    if strategy == "pmap":
+        return [jax.tree_util.tree_map(lambda a, i=i: a[i], state) for i in range(2)]
+    return [
+        jax.tree_util.tree_map(lambda a, i=i: a.addressable_shards[i].data, state) for i in range(2)
+    ]
 
 
 @pytest.mark.numerics
@@ -207,7 +219,7 @@ def _smoke(strategy):
 
 @pytest.mark.slow
 @pytest.mark.multi_device
-@pytest.mark.parametrize("strategy", ["sharding", "pmap"])
+@pytest.mark.parametrize("strategy", r18.STRATEGIES)
 def test_smoke_end_to_end(strategy):
     rec, stdout = _smoke(strategy)
     assert rec["framework"] == "jax" and rec["strategy"] == strategy
@@ -287,7 +299,7 @@ def test_warm_up_steps_leave_the_initial_state():
     r18.train(net, cfg, ds, r18.sharding, run)
     log = run.epoch_log
     opt = r18.make_optimizer(cfg.lr)
-    place, shard, step, _, _ = r18.sharding(net, opt, devs)
+    place, shard, step, _, _ = r18.sharding(net, opt, runs.world_of(devs))
     variables = r18.init_weights(net, cfg.init_std, cfg.seed)
     state = place(dict(variables, opt_state=opt.init(variables["params"])))
     x, y, _, _ = place(data.as_float(ds, np.int32, channels_last=True))
@@ -302,14 +314,14 @@ def test_warm_up_steps_leave_the_initial_state():
 
 
 @pytest.mark.multi_device
-@pytest.mark.parametrize("strategy", ["sharding", "pmap"])
+@pytest.mark.parametrize("strategy", r18.STRATEGIES)
 def test_correct_counts_a_padded_test_batch_exactly(strategy):
     """`correct` pads each test batch to one size (one compilation) and masks the padding: on
     a short last batch it counts what the model predicts right, and nothing more."""
     rng = np.random.default_rng(4)
     x = rng.random((40, 8, 8, 1), dtype=np.float32)
     devs = jax.devices("cpu")[:2]
-    net = r18.resnet18(width=4, axis_name=r18.AXIS if strategy == "pmap" else None)
+    net = r18.resnet18(width=4, axis_name=_axis(strategy))
     variables = r18.init_weights(net, 0.1, 0)
     logits = np.asarray(net.apply(variables, x, train=False))
     top2 = np.sort(logits, axis=-1)[:, -2:]
@@ -317,7 +329,7 @@ def test_correct_counts_a_padded_test_batch_exactly(strategy):
     y = logits.argmax(-1).astype(np.int32)
     y[1::3] = (y[1::3] + 1) % 10  # every third prediction is wrong; the padding's (index 0) right
     opt = r18.make_optimizer(0.1)
-    place, _, _, correct, total = getattr(r18, strategy)(net, opt, devs)
+    place, _, _, correct, total = getattr(r18, strategy)(net, opt, runs.world_of(devs))
     state, (x_all, y_all) = (
         place(dict(variables, opt_state=opt.init(variables["params"]))),
         place([x, y]),

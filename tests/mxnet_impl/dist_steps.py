@@ -2,7 +2,8 @@
 
 `python -m tests.mxnet_impl.dist_steps OUT`, started as every worker by mxnet_impl.launch: the
 worker joins the kvstore (launch.join), takes the steps on its one context through the
-`dist_sync` strategy and saves its parameters to OUT/worker<rank>.npz.
+`dist_sync` strategy, saves its parameters to OUT/worker<rank>.npz, and checks the world's sum
+over the workers.
 """
 
 import sys
@@ -27,16 +28,16 @@ def inputs():
     return x, y
 
 
-def run(ctxs, strategy=r18.context_list):
-    """The BatchNorm-free net in float64 on `ctxs`, trained by `strategy` (context_list, or
-    dist_sync in a worker that joined the kvstore): (initial weights, every parameter's copies
-    after the two steps)."""
+def run(world, strategy=r18.context_list):
+    """The BatchNorm-free net in float64 on the world's contexts, trained by `strategy`
+    (context_list, or dist_sync in a worker that joined the kvstore): (initial weights, every
+    parameter's copies after the two steps)."""
     x, y = inputs()
-    net = r18.init_weights(r18.resnet18(width=4, use_bn=False), 0.1, 0, ctxs[:1])
+    net = r18.init_weights(r18.resnet18(width=4, use_bn=False), 0.1, 0, world.devices[:1])
     net.cast("float64")  # exact: the initial weights are float32 numbers
     start = r18.get_weights(net)
     net.hybridize()
-    _, shard, step, _, _ = strategy(net, r18.make_optimizer(0.1), ctxs)
+    _, shard, step, _, _ = strategy(net, r18.make_optimizer(0.1), world)
     for part in shard(BATCHES):
         step(x, y, part)
     copies = {
@@ -46,6 +47,9 @@ def run(ctxs, strategy=r18.context_list):
 
 
 if __name__ == "__main__":
-    kv, ctxs = launch.join(devices.DevicePlan(2, "cpu", True))  # one context per worker
-    _, copies = run(ctxs, r18.dist_sync)
-    np.savez(Path(sys.argv[1]) / f"worker{kv.rank}.npz", **{k: v for k, (v,) in copies.items()})
+    world = launch.join(devices.DevicePlan(2, "cpu", True))  # one context per worker
+    _, copies = run(world, r18.dist_sync)
+    np.savez(Path(sys.argv[1]) / f"worker{world.rank}.npz", **{k: v for k, (v,) in copies.items()})
+    # Summed over both workers, under a key of each size: a pair, then a number.
+    assert world.sum(np.array([world.rank, 1.0])).tolist() == [1.0, 2.0]
+    assert world.sum(world.rank + 2.0) == 5.0

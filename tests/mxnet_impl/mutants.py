@@ -44,7 +44,7 @@ MUTANTS = [
         "mxnet",
         "tests/mxnet_impl/test_dist.py::test_two_workers_equal_one_process_with_two_contexts",
         "mxnet_impl/resnet18.py",
-        "gluon.Trainer(params, optimizer, kvstore=kv, update_on_kvstore=False)",
+        "gluon.Trainer(params, optimizer, kvstore=world.group, update_on_kvstore=False)",
         'gluon.Trainer(params, optimizer, kvstore="local", update_on_kvstore=False)',
         "each worker's Trainer made with kvstore 'local', not the dist_sync one: never synced",
     ),
@@ -55,7 +55,7 @@ MUTANTS = [
         "mxnet_impl/resnet18.py",
         "    set_weights(net, initial)",
         "    for k, v in initial.items():\n"
-        "        mweights.named_params(net)[k].data(run.devices[0])[:] = v",
+        "        mweights.named_params(net)[k].data(run.world.devices[0])[:] = v",
         "after warm-up, initial weights written into context 0's copy only, not context 1's",
     ),
     Mutant(

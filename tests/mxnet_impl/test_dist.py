@@ -17,7 +17,7 @@ import pytest
 from common import cli
 from mxnet_impl import launch
 from mxnet_impl.__main__ import load
-from tests.fixtures import numerics
+from tests.fixtures import numerics, runs
 from tests.mxnet_impl import dist_steps
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,7 +43,7 @@ def test_two_workers_equal_one_process_with_two_contexts(tmp_path):
     launch.dist_sync(
         [sys.executable, "-m", "tests.mxnet_impl.dist_steps", str(tmp_path)], 2, "dist_steps"
     )
-    start, one = dist_steps.run([mx.cpu(0), mx.cpu(1)])  # context_list, one process
+    start, one = dist_steps.run(runs.world_of([mx.cpu(0), mx.cpu(1)]))  # context_list, alone
     one = {k: v[0] for k, v in one.items()}
     workers = [dict(np.load(tmp_path / f"worker{r}.npz")) for r in range(2)]
     # The steps moved the weights far more than the limit: the check can see a wrong step.

@@ -122,7 +122,7 @@ def _two_context_run(n, x, y):
     net.cast("float64")  # exact: the initial weights are float32 numbers
     start = r18.get_weights(net)
     net.hybridize()
-    _, shard, step, _, _ = r18.context_list(net, r18.make_optimizer(0.1), ctxs)
+    _, shard, step, _, _ = r18.context_list(net, r18.make_optimizer(0.1), runs.world_of(ctxs))
     for part in shard([np.arange(8), np.arange(8, 13)]):
         step(x, y, part)
     params = mweights.named_params(net)
@@ -244,7 +244,8 @@ def test_warm_up_steps_leave_the_initial_weights():
     with runs.run_for("resnet18", cfg, ds, ctxs, mdev.sync) as run:
         r18.train(net, cfg, ds, r18.context_list, run)
     ref = initialised()
-    place, shard, step, _, total = r18.context_list(ref, r18.make_optimizer(cfg.lr), ctxs)
+    world = runs.world_of(ctxs)
+    place, shard, step, _, total = r18.context_list(ref, r18.make_optimizer(cfg.lr), world)
     x, y, _, _ = place(ds)
     losses = [step(x, y, part) for part in shard(data.batches(20, 8, cfg.seed, 0))]
     log = run.epoch_log

@@ -116,9 +116,9 @@ MUTANTS = [
         "torch",
         "tests/torch_impl/test_multinode.py::test_two_nodes_on_localhost_match_one_node",
         "torch_impl/resnet18.py",
-        "    device, rank, world = devices[0], dist.get_rank(), dist.get_world_size()",
-        '    device, rank = devices[0], int(os.environ.get("LOCAL_RANK", 0))\n'
-        "    world = dist.get_world_size()",
+        "    device, rank, size = world.devices[0], world.rank, world.size",
+        '    device, rank = world.devices[0], int(os.environ.get("LOCAL_RANK", 0))\n'
+        "    size = world.size",
         "the batch sliced by LOCAL_RANK: on two nodes both ranks train on the same half",
     ),
     Mutant(

@@ -15,13 +15,13 @@ import json
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 from torch._dynamo.utils import counters
 
 from common import checks, cli, config, devices, harness
 from tests.fixtures import make_resnet18_parity as parity
 from tests.fixtures import numerics, runs
 from torch_impl import devices as tdev
+from torch_impl import launch
 from torch_impl import resnet18 as r18
 
 WIDTH, BATCH = 4, 16  # the smoke preset's one-device batch
@@ -133,12 +133,12 @@ def test_compiled_ddp_smoke_run_is_recorded_compiled_with_compile_time_in_warm_u
     args = cli.parser("torch").parse_args([*argv, "--no-progress", "--results", str(path)])
     plan = devices.plan(1, "cpu")
     checks.check_compile("torch", args, plan.count)  # accepted
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdzv'}", rank=0, world_size=1)
+    for name, value in runs.torchrun_env(0, 1, runs.free_port()).items():
+        monkeypatch.setenv(name, value)  # a rank of torchrun's: main joins a group of one
     try:
-        hooks = harness.Hooks("torch", tdev)
-        r18._run(args, plan, cli.config_of(args), hooks, "ddp", [torch.device("cpu")])
+        r18.main(args, plan, cli.config_of(args), harness.Hooks("torch", tdev))
     finally:
-        dist.destroy_process_group()
+        launch.end_process_group()
     (rec,) = [json.loads(line) for line in path.read_text().splitlines()]
     assert rec["strategy"] == "ddp" and rec["extra"]["compiled"] is True
     assert rec["extra"]["compile_mode"] == "default"  # a CPU: no CUDA graphs

@@ -90,14 +90,20 @@ def _batches():
     return x, y, [np.arange(8), np.arange(8, 12)]  # a short last batch, split 2 + 2
 
 
-def _ddp_rank(rank, world, init_file, out):
-    import torch.distributed as dist
+def _join(rank, size, port):
+    """Rank `rank` of `size` joins its group as a worker of torchrun does (launch.join)."""
+    os.environ.update(runs.torchrun_env(rank, size, port))
+    return launch.join(devices.DevicePlan(1, "cpu", True))
 
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+
+def _ddp_rank(rank, size, port, out):
+    world = _join(rank, size, port)
+    assert (world.rank, world.size, world.plan.count) == (rank, size, size)
+    assert world.sum(np.array([rank, 1.0])).tolist() == [sum(range(size)), size]
     torch.set_num_threads(1)
     x, y, steps = _batches()
     net = _bn_free_net()
-    _, shard, step, _, _ = r18.ddp(net, r18.make_optimizer(net, 0.1), [torch.device("cpu")])
+    _, shard, step, _, _ = r18.ddp(net, r18.make_optimizer(net, 0.1), world)
     for part in shard(steps):  # this rank's row of each global batch
         step(torch.from_numpy(x), torch.from_numpy(y), part)
     if rank == 0:
@@ -115,7 +121,7 @@ def test_ddp_two_gloo_ranks_equal_one_device(tmp_path):
     N-rank step exactly the one-device step. Two steps: 4 + 4, then 2 + 2."""
     out = tmp_path / "ddp.npz"
     torch.multiprocessing.spawn(
-        _ddp_rank, args=(2, str(tmp_path / "rdzv"), str(out)), nprocs=2, join=True
+        _ddp_rank, args=(2, runs.free_port(), str(out)), nprocs=2, join=True
     )
     x, y, steps = _batches()
     net = _bn_free_net()
@@ -129,12 +135,10 @@ def test_ddp_two_gloo_ranks_equal_one_device(tmp_path):
     numerics.check_same_math("torch resnet18 ddp 2 ranks vs 1 device", ddp, single)
 
 
-def _wrapped(rank, world, init_file, out):
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+def _wrapped(rank, size, port, out):
+    world = _join(rank, size, port)
     net = _bn_free_net()
-    step = r18.ddp(net, r18.make_optimizer(net, 0.1), [torch.device("cpu")])[2]
+    step = r18.ddp(net, r18.make_optimizer(net, 0.1), world)[2]
     trains = [c.cell_contents for c in step.__closure__ if isinstance(c.cell_contents, nn.Module)]
     if rank == 0:
         Path(out).write_text(type(trains[0]).__name__ if trains[0] is not net else "plain")
@@ -148,9 +152,7 @@ def test_ddp_wraps_the_module_only_when_there_is_something_to_all_reduce(tmp_pat
     """One rank trains the plain module (DDP's buckets and all-reduce would be pure overhead);
     two ranks get DDP (test_ddp_two_gloo_ranks_equal_one_device checks its arithmetic)."""
     out = tmp_path / "kind.txt"
-    torch.multiprocessing.spawn(
-        _wrapped, args=(world, str(tmp_path / "rdzv"), str(out)), nprocs=world, join=True
-    )
+    torch.multiprocessing.spawn(_wrapped, args=(world, runs.free_port(), str(out)), nprocs=world)
     assert out.read_text() == expected
 
 
