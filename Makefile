@@ -103,23 +103,33 @@ READY = ready() { [ -e $(VENV)/$$1/.stamp ] && return; \
 # Two tiers that together run every test once: `make test`, every test not marked `slow` (the
 # suite a contributor runs after each change, minutes), and `make test-slow`, the slow ones and
 # the framework-free suites again under MXNet's numpy 1.23. `make test-all` (CI) runs both.
-TIER_test := -m "not slow"
-TIER_test-slow := -m slow
+TIER_test := not slow
+TIER_test-slow := slow
+# pytest-xdist: two tests at a time. Most wait on one core (an import, a compilation, another
+# process's start), so two at a time use a 2-core machine's second core; PYTEST_WORKERS=0: one
+# at a time. Tests of one xdist_group run on one worker, one after another (the cluster tests:
+# network namespaces and cores of their own); JAX's suite keeps a file's tests on one worker
+# (--dist loadfile): its tests share compiled programs within a process, which two workers
+# would each compile.
+PYTEST_WORKERS ?= 2
+xdist = $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist $(if $(filter jax,$(1)),loadfile,loadgroup))
 .PHONY: test-slow test-all
 test test-slow: setup
 	@status=0; start=$$(date +%s); $(READY); \
-	run() { echo "== pytest in $(VENV)/$$1: $${@:2}"; \
-	        $(VENV)/$$1/bin/python -m pytest -q $(TIER_$@) "$${@:2}"; rc=$$?; \
+	run() { echo "== pytest in $(VENV)/$$1: $${@:3}"; local t=$$(date +%s) x="$(xdist)"; \
+	        if [ $$1 = jax ]; then x="$(call xdist,jax)"; fi; \
+	        $(VENV)/$$1/bin/python -m pytest -q $$x -m "$$2" "$${@:3}"; rc=$$?; \
 	        if [ $$rc -eq 5 ]; then rc=0; fi; \
-	        if [ $$rc -ne 0 ]; then echo "== FAILED in $$1 (exit $$rc)"; status=1; fi; }; \
-	run base tests/common tests/compare; \
+	        if [ $$rc -ne 0 ]; then echo "== FAILED in $$1 (exit $$rc)"; status=1; fi; \
+	        echo "== pytest in $(VENV)/$$1: $$(( $$(date +%s) - t )) s"; }; \
+	run base "$(TIER_$@)" tests/common tests/compare; \
 	for f in $(SELECTED); do \
 	  ready $$f || continue; \
-	  run $$f tests/$${f}_impl; \
+	  run $$f "$(TIER_$@)" tests/$${f}_impl; \
 	done; \
 	if [ $@ = test-slow ] && ready mxnet; then \
 	  echo "== the framework-free suites under numpy 1.23"; \
-	  $(VENV)/mxnet/bin/python -m pytest -q tests/common tests/compare || status=1; \
+	  run mxnet "" tests/common tests/compare; \
 	fi; \
 	echo "== make $@: $$(( $$(date +%s) - start )) s"; \
 	exit $$status

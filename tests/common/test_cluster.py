@@ -21,6 +21,9 @@ from compare import cluster
 from tests.fixtures import interrupt
 
 ROOT = Path(__file__).resolve().parents[2]
+# One at a time under pytest-xdist (make test): a run removes the namespaces no live run owns,
+# and counts the bytes of its own links; a second cluster beside it would share the cores.
+pytestmark = pytest.mark.xdist_group("netns")
 FAULT_BOUND_S = 60  # every node ends within this after a fault
 cores = len(os.sched_getaffinity(0))
 

@@ -9,6 +9,7 @@ from tests.fixtures import cluster_runs
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.xdist_group("netns"),  # one at a time: nodes on cores and links of their own
     pytest.mark.multi_device,
     pytest.mark.skipif(bool(cluster_runs.why_not()), reason=f"{cluster_runs.why_not()}"),
 ]

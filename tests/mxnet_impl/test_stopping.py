@@ -37,3 +37,8 @@ def test_a_full_disk_at_the_record_is_one_line_from_every_worker(tmp_path):
 
 def test_a_worker_stopped_while_it_trains_ends_the_run_in_one_line(tmp_path):
     stopping.check_stopped_worker(DIST, tmp_path, "DMLC_ROLE=worker")
+
+
+def test_a_worker_stopped_while_it_starts_ends_the_run_in_one_line_naming_it(tmp_path):
+    """Stopped before it joined the kvstore: the line names the stopped worker, not a timeout."""
+    stopping.check_stopped_worker(DIST, tmp_path, "DMLC_ROLE=worker", training=False)
