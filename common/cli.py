@@ -1,10 +1,15 @@
-"""The command line shared by `python -m torch_impl`, `-m jax_impl` and `-m mxnet_impl`.
+"""The command line shared by `python -m torch_impl`, `-m jax_impl` and `-m mxnet_impl`: its
+arguments, their checks, and the entry point.
 
 Each framework's `__main__` calls `run(framework, argv, before_import, load)` under
-`signals.main`: arguments are parsed, checked, devices resolved and the workload's config built
-here, before any framework is imported; then `load(workload)` imports the workload module
-`<framework>_impl.<workload>` and returns it with the framework's harness.Hooks, and its
-`main(args, plan, cfg, hooks)` runs. Bad input ends in one line on stderr and exit code 2.
+`signals.main` (a torchrun rank calls `start` inside torch_impl.launch.worker_main, which ends it
+for torchrun): the arguments are parsed and checked, the devices resolved and the workload's
+config built here, before any framework is imported; then `before_import(plan)`
+(the framework's settings that must precede its import), `load(workload)`, which imports the
+workload module `<framework>_impl.<workload>` and returns it with the framework's
+harness.Hooks, and its `main(args, plan, cfg, hooks)`, which trains and records through
+common.harness. Bad input ends in one line on stderr and exit code 2 (EXIT_BAD_INPUT), a run
+that diverged in exit code 4 (after its record), a stop in the shell's code for the signal.
 """
 
 from __future__ import annotations
@@ -22,7 +27,6 @@ from common import (
     cores,
     data,
     devices,
-    flops,
     processes,
     profiling,
     results,
@@ -265,74 +269,3 @@ def worker_argv(args: argparse.Namespace, **changes) -> list[str]:
         flag = action.option_strings[-1]
         argv += [flag] if value is True else [flag, str(value)]
     return argv
-
-
-def make_record(framework, args, plan, cfg, device_names, framework_versions, threads, **fields):
-    """A results record with the run's settings, environment and commit filled in; `threads`:
-    those an operator computed with (the framework's `devices.threads()`)."""
-    versions, hardware = results.environment(framework_versions)
-    if "ceiling" in fields:  # --ceiling: measured in this run (training.EpochLog.record_fields)
-        fields["extra"] = {**fields.get("extra", {}), "ceiling": fields.pop("ceiling")}
-    if args.workload in ("lenet", "resnet18"):  # which copy of Fashion-MNIST the run read
-        fields["extra"] = {**fields.get("extra", {}), "data_dir": str(data.find_dir())}
-    if framework == "torch":  # eager, or compiled (--compile): JAX and MXNet always compile
-        fields["extra"] = {**fields.get("extra", {}), "compiled": getattr(args, "compile", False)}
-    if getattr(args, "profile", None):  # a traced run: save() prints it and keeps no record
-        fields["extra"] = {**fields.get("extra", {}), "profile": args.profile}
-    # MXNet's default thread count was half the CPUs (set_mxnet_threads): records say theirs,
-    # and which cores each device had (--cores-per-device).
-    fields["extra"] = {**fields.get("extra", {}), "threads": threads}
-    fields["extra"] |= cores.record_fields(framework, plan.count)
-    gpus = [g["name"] for g in hardware["gpus"]] if plan.platform == "gpu" else []
-    fields["flops"] = flops.record_fields(
-        args.workload,
-        flops.shape_of(args.workload, cfg),
-        fields.get("images_per_sec"),
-        flops.peak_names(device_names, gpus, plan.count),
-        "bf16" if args.amp == "bf16" else "float32",
-    )
-    return results.Record(
-        framework=framework,
-        workload=args.workload,
-        devices=plan.count,
-        platform=plan.platform,
-        virtual=plan.virtual,
-        device_names=list(device_names),
-        preset=cfg.preset,
-        batch_size=cfg.batch_size,
-        lr=cfg.lr,
-        versions=versions,
-        hardware=hardware,
-        git_commit=results.git_commit(),
-        **fields,
-    )
-
-
-def save(rec: results.Record, path, plan: devices.DevicePlan) -> None:
-    """Append the record, then print the run's throughput and d2l's closing line; a run that
-    diverged is recorded as such (what it measured kept), then ends with one line. A profiled
-    run (--profile) appends nothing: the profiler slowed its first timed epoch."""
-    profiling.append(rec, path)
-    if rec.diverged_at_epoch is not None:
-        raise training.Diverged(rec.diverged_at_epoch, rec.train_loss[-1])
-    print(f"{rec.images_per_sec:.1f} images/sec ({rec.strategy})")
-    median = rec.sec_per_epoch["median"]
-    print(final_line(rec.test_acc, median, plan, rec.extrapolated), flush=True)
-
-
-def progress(iterable, total: int, desc: str, disable: bool = False):
-    """A tqdm bar on a terminal; nothing when output is piped (callers print plain lines)."""
-    from tqdm import tqdm
-
-    return tqdm(
-        iterable, total=total, desc=desc, leave=False, disable=disable or not sys.stderr.isatty()
-    )
-
-
-def final_line(
-    test_acc: float | None, sec_per_epoch: float, plan: devices.DevicePlan, extrapolated: bool
-) -> str:
-    """d2l's closing line: `test acc: 0.84, 2.8 sec/epoch on [2 x cpu (virtual)]`."""
-    acc = "n/a" if test_acc is None else f"{test_acc:.2f}"
-    mark = " (extrapolated)" if extrapolated else ""
-    return f"test acc: {acc}, {sec_per_epoch:.1f} sec/epoch{mark} on [{plan.describe()}]"

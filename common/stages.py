@@ -1,12 +1,10 @@
-"""ResNet-50 as a sequence of blocks, how to cut it into pipeline stages, and which resnet50
-strategies a command asks for: framework-free, shared by torch_impl, jax_impl and mxnet_impl.
+"""ResNet-50 as a sequence of blocks, how to cut it into pipeline stages, which resnet50
+strategies a command asks for and on which devices their stages go, and resnet50's `main`,
+which runs them: framework-free, shared by torch_impl, jax_impl and mxnet_impl. Their
+measuring and records are common.harness's (Repeats).
 """
 
-import dataclasses
-import math
-from collections.abc import Iterator
-
-from common import cli, config, flops, profiling, results, timing, training
+from common import config, flops, harness, profiling
 
 # ResNet-50 cut into a sequence of blocks: the stem, the 16 bottlenecks, the head.
 LAYERS = flops.RESNET50_LAYERS
@@ -105,130 +103,14 @@ def main(args, plan, cfg, hooks, strategies, measure) -> None:
     """resnet50's `main` in every framework: the runs the command asks for (choose_strategies,
     `runs`), all checked first, then each measured by the framework's `measure(args, cfg,
     devices, strategy, repeats)`, which builds the strategy's model on its devices and trains it
-    through `repeats` (Repeats), returning the record's extra; a record per split size."""
+    through `repeats` (common.harness.Repeats), returning the record's extra; a record per split
+    size."""
     one_gpu = plan.count == 1 and plan.platform == "gpu"
     chosen = choose_strategies(args, plan.count, strategies, hooks.framework, one_gpu)
     devs = hooks.devices.get_devices(plan)
     for strategy, split_sizes, sweep in runs(args, cfg, chosen):
         used = stage_devices(devs, strategy)
         traces = profiling.resnet50_traces(hooks, args, strategy, split_sizes, sweep)
-        repeats = Repeats(cfg, split_sizes, traces)
+        repeats = harness.Repeats(cfg, split_sizes, traces=traces, sweep=sweep)
         extra = measure(args, cfg, used, strategy, repeats)
-        shared = len(used) > plan.count  # one GPU: both stages on it
-        recorded = dataclasses.replace(plan, count=min(len(used), plan.count))
-        names, versions = hooks.devices.device_names(used), hooks.devices.versions()
-        for split_size, (timer, losses) in repeats.results().items():
-            fields = record_fields(cfg, timer, losses, split_size, extra, sweep, shared)
-            rec = cli.make_record(
-                hooks.framework,
-                args,
-                recorded,
-                cfg,
-                names,
-                versions,
-                hooks.threads(),
-                strategy=strategy,
-                **fields,
-            )
-            save(rec, args.results, cfg, plan)
-
-
-def round_robin(split_sizes, warmup: int, repeats: int) -> list:
-    """The split size of each repeat of a run: every split size's `warmup` repeats first,
-    then `repeats` rounds that take each split size once. The speed of a shared machine drifts
-    by tens of percent over minutes; taken round-robin, a drift slows every split size alike
-    instead of bending the curve."""
-    return [s for s in split_sizes for _ in range(warmup)] + list(split_sizes) * repeats
-
-
-def describe(blocks_per_stage) -> str:
-    """`stem..layer2.3 | layer3.0..head`: which blocks each stage holds, in order."""
-    return " | ".join(f"{b[0]}..{b[-1]}" if len(b) > 1 else b[0] for b in blocks_per_stage)
-
-
-def record_fields(cfg, timer: timing.Timer, losses, split_size, extra: dict, sweep: bool, shared):
-    """The results.Record fields of one resnet50 run: seconds per repeat of num_batches steps.
-    `shared`: the stages shared one device (`stage_devices`)."""
-    stats = timer.stats()
-    extra = {**extra, "num_batches": cfg.num_batches, "image_size": cfg.image_size}
-    if shared:
-        extra["stages_share_device"] = True
-    return {
-        "seconds": stats.to_dict(),
-        "warmup_seconds": timer.warmup_seconds,
-        "images_per_sec": cfg.num_batches * cfg.batch_size / stats.median,
-        "train_loss": list(losses),
-        "split_size": split_size,
-        "extra": extra | ({"sweep": True, "round_robin": True} if sweep else {}),
-        "diverged_at_epoch": diverged_repeat(losses, cfg.num_batches),
-    }
-
-
-def diverged_repeat(losses, num_batches: int) -> int | None:
-    """The repeat (of num_batches steps, warm-up included, from 1) whose loss first went
-    non-finite, or None. resnet50 has no epochs: its repeats stand in for them in the record."""
-    bad = [i for i, loss in enumerate(losses) if not math.isfinite(loss)]
-    return bad[0] // num_batches + 1 if bad else None
-
-
-def save(rec: results.Record, path, cfg, plan) -> None:
-    """Append the record and print one line: the time, throughput, loss, stages and devices; a
-    run that diverged is recorded as such, then ends with one line (common.cli.save). A profiled
-    run (--profile) appends nothing: the profiler slowed its first timed repeat."""
-    profiling.append(rec, path, "repeat")
-    if rec.diverged_at_epoch is not None:
-        raise training.Diverged(rec.diverged_at_epoch, rec.train_loss[-1], "repeat")
-    split = f" (split {rec.split_size})" if rec.split_size else ""
-    where = plan.describe() if rec.devices > 1 else f"1 x {plan.platform}"
-    if rec.extra.get("stages_share_device"):
-        where += ", both stages on it"
-    blocks = rec.extra.get("stage_blocks")
-    stage_text = f", stages {describe(blocks)}" if blocks else ""
-    print(
-        f"resnet50 {rec.strategy}{split}: {_stats(rec)} per "
-        f"{cfg.num_batches} batch(es) of {cfg.batch_size}, {rec.images_per_sec:.1f} images/s, "
-        f"loss {rec.train_loss[-1]:.4f}{stage_text} on [{where}]",
-        flush=True,
-    )
-
-
-def _stats(rec) -> timing.Stats:
-    return timing.Stats(**rec.seconds)
-
-
-class Repeats:
-    """resnet50's measuring, which its `train` iterates: `(split size, batches)` for every split
-    size's `cfg.warmup` untimed repeats, then `cfg.repeats` rounds that take the split sizes in
-    turn (round_robin); iterating `batches` (num_batches steps) is the repeat,
-    timed whole with `sync` (the framework's barrier) at its end. --profile: `traces`, one per
-    split size, around its first timed repeat. `add` keeps a step's loss (read afterwards)."""
-
-    def __init__(self, cfg, split_sizes=(None,), traces=None, sync=None):
-        self.cfg, self.split_sizes = cfg, tuple(split_sizes)
-        self.sync = sync or (lambda: None)
-        self.read = float  # a kept loss as a float (MXNet: NDArray.asscalar)
-        self.timers = {
-            s: timing.Timer(lambda: self.sync(), cfg.warmup, trace=(traces or {}).get(s))
-            for s in self.split_sizes
-        }
-        self.losses = {s: [] for s in self.split_sizes}
-        self._current = self.split_sizes[0]
-
-    def __iter__(self) -> Iterator[tuple[int | None, Iterator[int]]]:
-        for split_size in round_robin(self.split_sizes, self.cfg.warmup, self.cfg.repeats):
-            self._current = split_size
-            yield split_size, self._timed(split_size)
-
-    def _timed(self, split_size) -> Iterator[int]:
-        with self.timers[split_size].region():
-            yield from range(self.cfg.num_batches)
-
-    def add(self, loss) -> None:
-        self.losses[self._current].append(loss)
-
-    def results(self) -> dict:
-        """{split size: (its Timer, its losses as floats)}, read after every clock stopped."""
-        return {
-            s: (self.timers[s], [float(self.read(x)) for x in self.losses[s]])
-            for s in self.split_sizes
-        }
+        repeats.save(args, plan, hooks, strategy, extra, used)

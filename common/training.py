@@ -97,7 +97,7 @@ class EpochLog:
 
     def record_fields(self, warmup_seconds: float) -> dict:
         """The results.Record fields this log fills; with a ceiling, `ceiling` too (which
-        common.cli.make_record puts in the record's extra)."""
+        common.harness.make_record puts in the record's extra)."""
         fields = {
             "epochs": len(self.train_loss),
             "sec_per_epoch": timing.summarize(self.sec_per_epoch).to_dict(),

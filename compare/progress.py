@@ -15,7 +15,7 @@ from compare.plan import Step
 
 # (workload, preset) -> rough seconds of one run: (on 1 device, on 2 devices, a resnet50 split
 # size sweep). The cpu and full values follow the gaps between consecutive records of one
-# reference session each (a record is written when its run ends): results/cpu-avx2-2core.jsonl
+# reference file each (a record is written when its run ends): results/cpu-avx2-2core.jsonl
 # and results/gpu-h200.jsonl, the sweep on a GPU results/gpu-h100.jsonl. A smoke run is a
 # framework's start and a few steps. They are a starting point only: the finished runs rescale
 # them.
@@ -31,7 +31,7 @@ PRIORS: dict[tuple[str, str], tuple[float, float, float]] = {
     ("resnet50", "full"): (20, 40, 200),
 }
 # A CPU's scaling runs (a core per device, fewer steps: compare/plan.py PINNED_FLAGS), on 1 and
-# 2 devices, following results/cpu-avx512-2core-cores.jsonl's session; resnet50's are its
+# 2 devices, following the records of results/cpu-avx512-2core-cores.jsonl; resnet50's are its
 # 2-device runs above.
 PINNED_PRIORS: dict[tuple[str, str], tuple[float, float]] = {
     ("lenet", "smoke"): (10, 10),

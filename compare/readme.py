@@ -1,13 +1,13 @@
-"""`python -m compare.readme [--check]` (`make readme-tables`): the reference tables and the
-README's figure, made from the committed records only.
+"""`make readme-tables`: the reference tables and the README's figure, from the records only.
 
-The records in REFERENCE give one block of tables per machine group, as in the report. The
-README shows the groups of README_SOURCES (one GPU, one CPU machine) between BEGIN and END;
-docs/results.md shows every other group between its own markers, and between two more the
-runs of each committed cluster records file (CLUSTER_FILES) as the report's "Scaling across
-nodes" shows them, with the predictions from the H100's 1-GPU records; FIGURE (with its data in
-FIGURE_DATA and inside the PNG, compare/figure.py) draws the README's GPU group. --check
-writes nothing and exits 1 when any of them differs from what the records give.
+`python -m compare.readme [--check]` runs it. The records in REFERENCE give one block of
+tables per machine group, as in the report. The README shows the groups of README_SOURCES (one
+GPU, one CPU machine) between BEGIN and END; docs/results.md shows every other group between its
+own markers, and between two more the runs of each committed cluster records file
+(CLUSTER_FILES) as the report's "Scaling across nodes" shows them, with the predictions from the
+H100's 1-GPU records; FIGURE (with its data in FIGURE_DATA and inside the PNG,
+compare/figure.py) draws the README's GPU group. --check writes nothing and exits 1 when any of
+them differs from what the records give.
 tests/compare/test_readme.py runs the check, so none of them can drift from the records.
 """
 
@@ -34,11 +34,11 @@ REFERENCE = (  # relative to ROOT
     "results/cpu-avx512-2core.jsonl",
     "results/cpu-avx512-2core-cores.jsonl",
 )
-# The groups the README shows. The GPU: the fastest card the project was lent, whose records are
-# also the newest, all of one clean commit of the code as it trains now. The CPU: the machine
-# whose tables are one `make compare` of the whole plan from a clean checkout, each 2-device run
-# on cores of its own beside a 1-device run on as many. docs/results.md shows the rest (the H100
-# among them, the card the GPU targets were set for, with rows the H200 file lacks).
+# The groups the README shows. The GPU: the fastest card, whose records are the newest and all of
+# one clean commit. The CPU: the machine whose tables are one `make compare` of the whole plan
+# from a clean checkout, each 2-device run on cores of its own beside a 1-device run on as many.
+# docs/results.md shows the rest (the H100 among them, the card the GPU targets are set for, with
+# rows the H200 file lacks).
 README_SOURCES = ("results/gpu-h200.jsonl", "results/cpu-avx512-2core-cores.jsonl")
 FIGURE = "docs/comparison.png"
 FIGURE_DATA = "docs/comparison.json"
@@ -56,7 +56,7 @@ NO_CLUSTER = (
     f"writes them, and every `{CLUSTER_FILES}` committed is shown here."
 )
 # The 1-GPU records the predictions start from: the H100's, the card the project's GPU targets
-# were set for (one of REFERENCE, so read and checked with the others).
+# are set for (one of REFERENCE, so read and checked with the others).
 PREDICTIONS_SOURCE = "results/gpu-h100.jsonl"
 PREDICTIONS_LABEL = (
     "**Predictions, not measurements**, for interconnects the project has not been lent: the "
@@ -90,8 +90,8 @@ class ReadmeError(ValueError):
 
 
 def load(paths=REFERENCE, root: Path = ROOT) -> list[Machine]:
-    """The machine groups of the reference records, each file's apart (a file is one session:
-    two sessions on one kind of machine are two tables); every line must be a usable record."""
+    """The machine groups of the reference records, each file's apart (two files of one kind of
+    machine are two tables); every line must be a usable record."""
     machines: list[Machine] = []
     for path in paths:
         warnings: list[str] = []

@@ -9,7 +9,7 @@ import sys
 import jax
 import jax.numpy as jnp
 
-from common import ceiling, cli, harness, profiling
+from common import ceiling, harness, profiling
 from jax_impl import devices as jdev
 from jax_impl import lenet, resnet18
 
@@ -69,8 +69,7 @@ def main(args, plan, cfg):
     trace = profiling.tracer(hooks, args, "ceiling")  # --profile: the first timed repeat
     timer = ceiling.measure(step, state, sync, warmup, steps, repeats, trace)
     fields = ceiling.record_fields(timer, cfg, args.amp, warmup, steps)
-    names, versions = jdev.device_names([device]), jdev.versions()
-    rec = cli.make_record(FRAMEWORK, args, plan, cfg, names, versions, jdev.threads(), **fields)
+    rec = harness.make_record(hooks, args, plan, cfg, jdev.device_names([device]), **fields)
     ceiling.save(rec, args.results, plan)
 
 

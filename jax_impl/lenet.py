@@ -6,6 +6,8 @@ applies the same SGD step. Side by side with torch_impl/lenet.py and mxnet_impl/
 No pmap, no psum, no sharding: only device_put and jitted per-device functions.
 """
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -60,16 +62,38 @@ def loss_fn(y_hat, y):
 
 
 # JAX compiles: the per-device pieces of train_batch and evaluate are jitted once (torch and MXNet
-# run eagerly); each runs on the device where its (committed) arguments live. Small helpers are
-# jitted too: an un-jitted jnp operation on the host's side costs more than LeNet's step.
-_grad = jax.jit(jax.value_and_grad(lambda params, X, y: loss_fn(lenet(X, params), y)))
-_sgd = jax.jit(
-    lambda params, grads, lr, n: jax.tree.map(lambda p, g: p - lr * g / n, params, grads)
-)
-_correct = jax.jit(lambda params, X, y: jnp.sum(jnp.argmax(lenet(X, params), axis=1) == y))
-_add = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b))
-_split = jax.jit(lambda X, y, n: (jnp.array_split(X, n), jnp.array_split(y, n)), static_argnums=2)
-_take = jax.jit(lambda X, y, idx: (X[idx], y[idx]))
+# run eagerly); each runs on the device where its (committed) arguments live. The small helpers
+# are jitted too: each jnp operation outside jit is dispatched from Python on its own, and LeNet's
+# step is small enough for that to show.
+@jax.jit
+def _loss_and_grads(params, X, y):
+    """A shard's summed loss and its gradients, on the shard's device (torch: l.backward())."""
+    return jax.value_and_grad(lambda p: loss_fn(lenet(X, p), y))(params)
+
+
+@jax.jit
+def _sgd(params, grads, lr, n):
+    return jax.tree.map(lambda p, g: p - lr * g / n, params, grads)
+
+
+@jax.jit
+def _correct(params, X, y):
+    return jnp.sum(jnp.argmax(lenet(X, params), axis=1) == y)
+
+
+@jax.jit
+def _add(a, b):  # a + b for arrays or pytrees (allreduce's sum, the epoch's loss total)
+    return jax.tree.map(jnp.add, a, b)
+
+
+@partial(jax.jit, static_argnums=2)
+def _split(X, y, n):  # n slices each, cut on the batch's device
+    return jnp.array_split(X, n), jnp.array_split(y, n)
+
+
+@jax.jit
+def _take(X, y, idx):  # the batch's rows: indexing with a NumPy index outside jit runs in Python
+    return X[idx], y[idx]
 
 
 def get_params(params, device):
@@ -89,8 +113,8 @@ def allreduce(data):
 
 
 def split_batch(X, y, devices):
-    """Split a batch over the devices: slices (cut on the batch's device in one jitted call; an
-    un-jitted jnp.array_split dispatched a slice at a time), each transferred to its device."""
+    """Split a batch over the devices: slices (cut on the batch's device in one jitted call;
+    outside jit, jnp.array_split dispatches a slice at a time), each transferred to its device."""
     assert X.shape[0] == y.shape[0]
     X_shards, y_shards = _split(X, y, len(devices))
     return jax.device_put(X_shards, devices), jax.device_put(y_shards, devices)
@@ -101,11 +125,11 @@ def train_batch(X, y, device_params, devices, lr):
     out) and the batch's summed loss (on device 0, not synced)."""
     X_shards, y_shards = split_batch(X, y, devices)
     outs = [
-        _grad(params, X_shard, y_shard)  # (loss, gradients) on the shard's device
+        _loss_and_grads(params, X_shard, y_shard)
         for X_shard, y_shard, params in zip(X_shards, y_shards, device_params, strict=True)
     ]
     # One allreduce for the whole step: the gradients, and the losses riding along with them
-    # (summed apart, a device_put and an un-jitted add per device).
+    # (summed apart, they would cost a device_put and an add per device, each from Python).
     summed = allreduce(outs)
     # every device: the same update with the full batch size
     device_params = [
@@ -126,11 +150,6 @@ def evaluate(device_params, X, y, devices):
     )
 
 
-def _on_host(batches):
-    """The epoch's index batches as they are (NumPy): each jitted gather copies its own."""
-    return batches
-
-
 def train(cfg, ds, run):
     """d2l's train(num_gpus, batch_size, lr) on preloaded arrays, on `run.world.devices`; `run`
     (common.harness.Run) times, logs and records it. Returns the device parameters."""
@@ -140,17 +159,21 @@ def train(cfg, ds, run):
     device_params = [get_params(params, d) for d in devices]
     scratch = [get_params(params, d) for d in devices]  # the warm-up's throwaway copies
     total = jnp.zeros((), device=devices[0])  # the epoch's summed loss, on device 0
-    # JAX has no device-wide barrier: the clock waits for the newest parameters and loss total.
-    run.sync = lambda: jax.block_until_ready((scratch, device_params, total))
-    for idx in run.warm_up(_on_host):  # each batch shape once (compilation, first touch)
+
+    def on_host(batches):  # the batches' indices as they are (NumPy): each _take copies its own
+        return batches
+
+    def newest():  # JAX has no device-wide barrier: the clock waits for the newest values
+        return jdev.sync((scratch, device_params, total))
+
+    for idx in run.warm_up(on_host, sync=newest):  # each batch shape once (compiling, first touch)
         scratch, loss = train_batch(*_take(X, y, idx), scratch, devices, cfg.lr)
         total = _add(total, loss)  # the epoch's sum compiles here too
-    for batches in run.epochs(_on_host):  # iterating `batches` is the timed epoch
+    for batches in run.epochs(on_host):  # iterating `batches` is the timed epoch
         total = jnp.zeros((), device=devices[0])
         for idx in batches:
-            # jitted gather: `X[idx]` with a NumPy index ran jnp's indexing in Python
             device_params, loss = train_batch(*_take(X, y, idx), device_params, devices, cfg.lr)
-            total = _add(total, loss)  # jitted: `+=` ran jnp.add's dispatch in Python
+            total = _add(total, loss)  # jitted, as `+=` is not
         hits = [evaluate(device_params, X_test[i], y_test[i], devices) for i in run.test_batches()]
         run.log(float(total), sum(hits))
     return device_params
@@ -162,6 +185,6 @@ def main(args, plan, cfg, hooks) -> None:
     config.check_epoch_split(data.train_size(cfg.train_subset), cfg.batch_size, plan.count)
     devices = jdev.get_devices(plan)
     ds = data.load_subsets(cfg.train_subset, cfg.test_subset, cfg.seed)
-    with harness.Run(args, cfg, ds, World.single(devices, plan), None, hooks) as run:
+    with harness.Run(args, cfg, ds, World.single(devices, plan), hooks=hooks) as run:
         train(cfg, ds, run)
-    run.save(plan, jdev.device_names(devices), jdev.versions(), STRATEGY)
+    run.save(STRATEGY)

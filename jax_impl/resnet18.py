@@ -295,8 +295,11 @@ def train(net, cfg, ds, strategy, run):
     # On the host: `place` copies it (a donated device array could alias it otherwise).
     initial = jax.tree.map(np.asarray, initial)
     state = place(initial)
-    run.sync = lambda: jax.block_until_ready(state)  # JAX has no device-wide barrier
-    for part in run.warm_up(shard):  # each batch shape once (compilation)
+
+    def newest():  # JAX has no device-wide barrier: the clock waits for the newest state
+        return jdev.sync(state)
+
+    for part in run.warm_up(shard, sync=newest):  # each batch shape once (compilation)
         state, _ = step(state, x_train, y_train, part)
     state = place(initial)  # JAX passes state in and out: the epochs start from a fresh copy
     for parts in run.epochs(shard):  # iterating `parts` is the timed epoch
@@ -322,7 +325,7 @@ def main(args, plan, cfg, hooks):
     ds = data.load_subsets(cfg.train_subset, cfg.test_subset, cfg.seed)
     dtype = jnp.bfloat16 if args.amp == "bf16" else jnp.float32  # JAX's bf16: the model's dtype
     net = resnet18(axis_name=None if strategy == "sharding" else AXIS, dtype=dtype)
-    run = harness.Run(args, cfg, ds, world, None, hooks)
+    run = harness.Run(args, cfg, ds, world, hooks=hooks)
     with run.sampling(utilization.sampler_for(plan.platform, world.plan.count)):
         train(net, cfg, ds, dict(sharding=sharding, shard_map=shard_map, pmap=pmap)[strategy], run)
     usage = run.usage()
@@ -330,5 +333,4 @@ def main(args, plan, cfg, hooks):
         mine = [d for d in world.devices if d.process_index == world.rank]
         peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use", 0) for d in mine]
         usage = utilization.with_allocator_peaks(usage, peaks, "jax peak_bytes_in_use")
-    extra = {**usage, "amp": args.amp, "processes": world.size}
-    run.save(world.plan, jdev.device_names(world.devices), jdev.versions(), strategy, extra)
+    run.save(strategy, {**usage, "processes": world.size})

@@ -266,14 +266,14 @@ def measure_stages(model, cfg, repeats=3):
 
 
 def train(model, cfg, devices, repeats, train_bn=True):
-    """The tutorial's loop: MSE on one-hot labels, SGD; each of `repeats` (common.stages.Repeats)
+    """The tutorial's loop: MSE on one-hot labels, SGD; each of `repeats` (common.harness.Repeats)
     a timed repeat of num_batches steps at its split size. train_bn=False: BatchNorm uses its
     running statistics, so micro-batches change nothing (tests). Returns `repeats`."""
     model.train_bn = train_bn
     inputs, labels = make_data(cfg, devices)
     # JAX has no device-wide barrier: the clock waits for the newest variables and losses.
-    repeats.sync = lambda: jax.block_until_ready((model.params, model.stats, repeats.losses))
-    for split_size, batches in repeats:
+    rounds = repeats.timed(sync=lambda: jdev.sync((model.params, model.stats, repeats.losses)))
+    for split_size, batches in rounds:
         model.split_size = split_size  # None: the whole batch (single, model_parallel)
         for b in batches:
             repeats.add(model.train_step(inputs[b], labels[b], cfg.lr))  # not synced

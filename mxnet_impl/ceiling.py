@@ -9,7 +9,7 @@ import sys
 
 from mxnet import autograd, gluon, nd
 
-from common import ceiling, cli, devices, harness, profiling
+from common import ceiling, devices, harness, profiling
 from mxnet_impl import devices as mdev
 from mxnet_impl import lenet, resnet18
 
@@ -68,8 +68,7 @@ def main(args, plan, cfg):
     trace = profiling.tracer(hooks, args, "ceiling")  # --profile: the first timed repeat
     timer = ceiling.measure(step, state, sync, warmup, steps, repeats, trace)
     fields = ceiling.record_fields(timer, cfg, args.amp, warmup, steps)
-    names, versions = mdev.device_names([device]), mdev.versions()
-    rec = cli.make_record(FRAMEWORK, args, plan, cfg, names, versions, mdev.threads(), **fields)
+    rec = harness.make_record(hooks, args, plan, cfg, mdev.device_names([device]), **fields)
     ceiling.save(rec, args.results, plan)
 
 

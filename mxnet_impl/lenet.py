@@ -123,7 +123,8 @@ def train(cfg, ds, run):
     def on_device(batches):  # the batches' indices in one copy (a copy per batch would wait)
         return mdev.one_copy(batches, X.context)
 
-    for idx in run.warm_up(on_device):  # each batch shape once (first touch, memory pools)
+    # each batch shape once (first touch, memory pools); the clock waits for the engine
+    for idx in run.warm_up(on_device, sync=mdev.sync):
         train_batch(X.take(idx), y.take(idx), scratch, devices, cfg.lr)
     for batches in run.epochs(on_device):  # iterating `batches` is the timed epoch
         losses = [
@@ -140,6 +141,6 @@ def main(args, plan, cfg, hooks) -> None:
     config.check_epoch_split(data.train_size(cfg.train_subset), cfg.batch_size, plan.count)
     devices = mdev.get_devices(plan)
     ds = data.load_subsets(cfg.train_subset, cfg.test_subset, cfg.seed)
-    with harness.Run(args, cfg, ds, World.single(devices, plan), mdev.sync, hooks) as run:
+    with harness.Run(args, cfg, ds, World.single(devices, plan), hooks=hooks) as run:
         train(cfg, ds, run)
-    run.save(plan, mdev.device_names(devices), mdev.versions(), STRATEGY)
+    run.save(STRATEGY)

@@ -157,6 +157,22 @@ def evaluate(net, x, y):
     return (net(x).argmax(axis=1) == y.astype("float32")).sum()
 
 
+def _split_over_contexts(net, trainer, devices):
+    """Both strategies' work on the rows of a batch this process takes: split over its contexts."""
+
+    def split(x, y, rows):  # rows: an index NDArray; the last context takes the remainder
+        return [gluon.utils.split_and_load(a.take(rows), devices, even_split=False) for a in (x, y)]
+
+    def train_on(x, y, rows, batch_size):  # the losses summed on the first context, not synced
+        return mdev.add_up(train_step(net, trainer, *split(x, y, rows), batch_size))
+
+    def correct_on(x, y, rows):  # rows: host indices; the count on the first context, not synced
+        xs, ys = split(x, y, nd.array(rows, ctx=devices[0], dtype="int64"))
+        return mdev.add_up([evaluate(net, *xy) for xy in zip(xs, ys, strict=True)])
+
+    return train_on, correct_on
+
+
 # --- the parallelism: one function per strategy ------------------------------------------------
 
 
@@ -167,13 +183,9 @@ def context_list(net, optimizer, world):
     its copy. One context: the Trainer needs no kvstore and makes none."""
     devices, params = world.devices, net.collect_params()
     params.reset_ctx(devices)
-    # The kvstore only sums (update_on_kvstore=False) and each context updates its own copy, so
-    # set_weights sets every copy there is. An updating kvstore keeps one more, which set_weights
-    # would drop, for the next step (a timed one, after the warm-up) to make again.
+    # The kvstore only sums: an updating kvstore would keep a copy that set_weights misses.
     trainer = gluon.Trainer(params, optimizer, kvstore="device", update_on_kvstore=False)
-
-    def split(x, y, rows):  # the rows of x and y (an index NDArray), each split over the contexts
-        return [gluon.utils.split_and_load(a.take(rows), devices, even_split=False) for a in (x, y)]
+    train_on, correct_on = _split_over_contexts(net, trainer, devices)
 
     def place(arrays):  # on the first context, where each batch is split from
         return mdev.to_device(data.as_float(arrays, np.int32), devices[0])
@@ -182,12 +194,10 @@ def context_list(net, optimizer, world):
         return mdev.one_copy(batches, devices[0])
 
     def step(x, y, idx):
-        xs, ys = split(x, y, idx)
-        return mdev.add_up(train_step(net, trainer, xs, ys, len(idx)))
+        return train_on(x, y, idx, len(idx))
 
     def correct(x, y, idx):
-        xs, ys = split(x, y, nd.array(idx, ctx=devices[0], dtype="int64"))
-        return mdev.add_up([evaluate(net, *xy) for xy in zip(xs, ys, strict=True)])
+        return correct_on(x, y, idx)
 
     def total(losses, hits):  # one process: nothing to add up across processes
         return mdev.float_sum(losses), mdev.float_sum(hits)
@@ -197,29 +207,26 @@ def context_list(net, optimizer, world):
 
 def dist_sync(net, optimizer, world):
     """MXNet's parameter server: this process is worker `world.rank` of kvstore dist_sync
-    (launch.py joined it: `world.group`), with its own contexts, as in `context_list`. It takes
-    its share of each global batch and splits it over its contexts; the Trainer sums the
-    gradients over its contexts, pushes the sum to the servers, which add up every worker's, and
-    pulls the total, so every worker takes the same step."""
+    (`world.group`), with its own contexts as in `context_list`, and takes its share of each
+    global batch; the Trainer sums the gradients over its contexts, pushes the sum to the servers,
+    which add up every worker's, and pulls the total, so every worker takes the same step."""
     devices, params = world.devices, net.collect_params()
     params.reset_ctx(devices)
     # The servers only sum (update_on_kvstore=False) and each worker updates its own copy: the
     # servers' update would keep the first step's 1/batch, and an epoch's last batch is smaller.
     trainer = gluon.Trainer(params, optimizer, kvstore=world.group, update_on_kvstore=False)
     # The Trainer's first call pulls the weights, and its first step then pushes the gradients
-    # on the same keys, unordered by the engine: a late pull would get a round's gradient sum as
+    # on the same keys, unordered by the engine: a late pull would get a step's gradient sum as
     # the weights. So the weights are pulled first: `update` sets the kvstore up as every call
     # does, and updates nothing before any backward (ignore_stale_grad).
     trainer.update(1, ignore_stale_grad=True)
     nd.waitall()
+    train_on, correct_on = _split_over_contexts(net, trainer, devices)
 
     def own(idx):  # this worker's rows: equal parts per context, the remainder to the last worker
         part = len(idx) // (world.size * len(devices)) * len(devices)
         lo = world.rank * part
         return idx[lo : len(idx) if world.rank == world.size - 1 else lo + part]
-
-    def split(x, y, rows):  # the rows of x and y (an index NDArray), each split over the contexts
-        return [gluon.utils.split_and_load(a.take(rows), devices, even_split=False) for a in (x, y)]
 
     def place(arrays):  # every worker holds the whole data set on its first context
         return mdev.to_device(data.as_float(arrays, np.int32), devices[0])
@@ -228,14 +235,11 @@ def dist_sync(net, optimizer, world):
         rows = mdev.one_copy([own(idx) for idx in batches], devices[0])
         return zip(rows, [len(idx) for idx in batches], strict=True)
 
-    def step(x, y, part):
-        rows, size = part
-        xs, ys = split(x, y, rows)
-        return mdev.add_up(train_step(net, trainer, xs, ys, size))  # size: the global batch
+    def step(x, y, part):  # part: this worker's rows and the global batch's size
+        return train_on(x, y, *part)
 
     def correct(x, y, idx):  # this worker's share of the test batch
-        xs, ys = split(x, y, nd.array(own(idx), ctx=devices[0], dtype="int64"))
-        return mdev.add_up([evaluate(net, *xy) for xy in zip(xs, ys, strict=True)])
+        return correct_on(x, y, own(idx))
 
     def total(losses, hits):  # summed over the workers: the servers add up what each pushes
         return world.sum(np.array([mdev.float_sum(losses), mdev.float_sum(hits)])).tolist()
@@ -249,7 +253,7 @@ def train(net, cfg, ds, strategy, run):
     place, shard, step, correct, total = strategy(net, make_optimizer(cfg.lr), run.world)
     x_train, y_train, x_test, y_test = place(ds)
     initial = get_weights(net)
-    for part in run.warm_up(shard):  # each batch shape once (graph building, memory planning)
+    for part in run.warm_up(shard, sync=mdev.sync):  # each batch shape once (graphs, memory)
         step(x_train, y_train, part)
     set_weights(net, initial)  # the epochs start from the initial weights, on every context
     for parts in run.epochs(shard):  # iterating `parts` is the timed epoch
@@ -276,14 +280,14 @@ def main(args, plan, cfg, hooks):
     ds = data.load_subsets(cfg.train_subset, cfg.test_subset, cfg.seed)
     net = init_weights(resnet18(), cfg.init_std, cfg.seed, world.devices[:1])
     net.hybridize()
-    run = harness.Run(args, cfg, ds, world, mdev.sync, hooks)
+    run = harness.Run(args, cfg, ds, world, hooks=hooks)
     with run.sampling(utilization.sampler_for(plan.platform, len(world.devices))):
         train(net, cfg, ds, {"gluon": context_list, "dist": dist_sync}[strategy], run)
-    names, extra = mdev.device_names(world.devices), {**run.usage(), "amp": args.amp}
+    names, extra = mdev.device_names(world.devices), run.usage()
     if world.group is not None:  # every worker's contexts, and the kvstore's processes
         names = [f"worker{r}:{n}" for r in range(world.size) for n in names]
         extra |= launch.dist_fields(world.group)
-    run.save(world.plan, names, mdev.versions(), strategy, extra)
+    run.save(strategy, extra, names)
 
 
 def _check(cfg, plan):

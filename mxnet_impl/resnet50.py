@@ -108,13 +108,10 @@ class ModelParallelResNet50(ResNet):
     def __init__(self, devices, num_classes=1000):
         super().__init__(num_classes)
         self.devices = list(devices)
-        # Gluon warns about Blocks in a list attribute (it cannot register them); the stages
-        # share blocks that are registered already, so the list is kept out of its sight.
-        self.__dict__["__stages__"] = split_into_stages(self, self.devices)
-
-    @property
-    def stages(self):
-        return self.__dict__["__stages__"]
+        # A plain list, not registered children: the stages share the model's blocks, and
+        # registering them again would give every weight a second name (Gluon's collect_params
+        # on the whole model warns about the list; the trainers take each stage's own).
+        self.stages = split_into_stages(self, self.devices)
 
     def forward(self, x):
         for stage, device in zip(self.stages, self.devices, strict=True):
@@ -194,19 +191,17 @@ def use_running_stats(model, on):
     """MXNet only: BatchNorm's backward under autograd's predict mode gives NaN gradients in
     MXNet 1.9.1, so "BN on its running statistics" is use_global_stats, under train mode."""
 
-    def visit(block):
+    def switch(block):
         if isinstance(block, nn.BatchNorm):
-            block._kwargs["use_global_stats"] = on
-        for child in block._children.values():
-            visit(child)
+            block._kwargs["use_global_stats"] = on  # private: Gluon has no setter for the flag
 
-    visit(model)
+    model.apply(switch)  # every block inside, the stages' shared ones included
     for stage in getattr(model, "stages", [model]):
         stage.hybridize()  # drops the cached graphs built with the old setting
 
 
 def train(model, cfg, devices, repeats, train_bn=True):
-    """The tutorial's loop: MSE on one-hot labels, SGD; each of `repeats` (common.stages.Repeats)
+    """The tutorial's loop: MSE on one-hot labels, SGD; each of `repeats` (common.harness.Repeats)
     a timed repeat of num_batches steps at its split size. train_bn=False: BatchNorm uses its
     running statistics, so micro-batches change nothing (tests). Returns `repeats`."""
     use_running_stats(model, not train_bn)
@@ -214,8 +209,7 @@ def train(model, cfg, devices, repeats, train_bn=True):
     groups = [s.collect_params() for s in getattr(model, "stages", [model])]
     trainers = [gluon.Trainer(g, "sgd", {"learning_rate": cfg.lr}, kvstore=None) for g in groups]
     inputs, labels = make_data(cfg, devices)
-    repeats.sync, repeats.read = mdev.sync, lambda loss: loss.asscalar()
-    for split_size, batches in repeats:
+    for split_size, batches in repeats.timed(sync=mdev.sync, read=lambda loss: loss.asscalar()):
         model.split_size = split_size  # None: the whole batch (single, model_parallel)
         for b in batches:
             with autograd.record():

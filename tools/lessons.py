@@ -106,7 +106,7 @@ ROWS = {
         Row(
             "train_step",
             "one step on every device: the data-parallel step",
-            {ALL: ["train_batch"], "jax": ["_grad", "_sgd", "train_batch"]},
+            {ALL: ["train_batch"], "jax": ["_loss_and_grads", "_sgd", "train_batch"]},
         ),
         Row(
             "evaluate",

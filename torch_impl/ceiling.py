@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from common import ceiling, cli, harness, profiling
+from common import ceiling, harness, profiling
 from torch_impl import devices as tdev
 from torch_impl import lenet, resnet18
 
@@ -67,8 +67,7 @@ def main(args, plan, cfg):
     timer = ceiling.measure(step, state, sync, warmup, steps, repeats, trace)
     fields = ceiling.record_fields(timer, cfg, args.amp, warmup, steps)
     fields["extra"] |= tdev.compile_fields(args.compile, device)
-    names, versions = tdev.device_names([device]), tdev.versions()
-    rec = cli.make_record(FRAMEWORK, args, plan, cfg, names, versions, tdev.threads(), **fields)
+    rec = harness.make_record(hooks, args, plan, cfg, tdev.device_names([device]), **fields)
     ceiling.save(rec, args.results, plan)
 
 

@@ -85,8 +85,7 @@ def train_batch(X, y, device_params, devices, lr, model=lenet):
             allreduce([params[name].grad for params in device_params])
         for params in device_params:  # every device: the same update with the full batch size
             ps = list(params.values())
-            # One foreach op for all parameters (as torch.optim.SGD does); `p -= lr * p.grad / n`
-            # per parameter launched three kernels each, each dispatched from Python.
+            # torch.optim.SGD's private multi-tensor op: one dispatch for all, not one per tensor
             torch._foreach_add_(ps, [p.grad for p in ps], alpha=-lr / X.shape[0])
             for p in ps:  # the next backward writes fresh gradients: no zeroing, nor
                 p.grad = None  # the add into zeros that accumulating into them would cost
@@ -116,7 +115,8 @@ def train(cfg, ds, run, model=lenet):
     def on_device(batches):  # the batches' indices in one copy (a copy per batch would wait)
         return tdev.one_copy(batches, X.device)
 
-    for idx in run.warm_up(on_device):  # each batch shape once (first touch, compilation)
+    # each batch shape once (first touch, compilation); the clock waits for the devices
+    for idx in run.warm_up(on_device, sync=lambda: tdev.sync(devices)):
         train_batch(X[idx], y[idx], scratch, devices, cfg.lr, model)
     for batches in run.epochs(on_device):  # iterating `batches` is the timed epoch
         losses = [train_batch(X[i], y[i], device_params, devices, cfg.lr, model) for i in batches]
@@ -134,8 +134,7 @@ def main(args, plan, cfg, hooks) -> None:
     model, calls = lenet, 1
     if args.compile:  # compiled (and CUDA graphs captured) in the warm-up, never in an epoch
         model, calls = tdev.compile_function(lenet, devices[0], len(devices))
-    sync = lambda: tdev.sync(devices)  # noqa: E731
-    with harness.Run(args, cfg, ds, World.single(devices, plan), sync, hooks, calls=calls) as run:
+    with harness.Run(args, cfg, ds, World.single(devices, plan), hooks=hooks, calls=calls) as run:
         train(cfg, ds, run, model)
     extra = tdev.compile_fields(args.compile, devices[0], len(devices))  # mode, graphs left out
-    run.save(plan, tdev.device_names(devices), tdev.versions(), STRATEGY, extra)
+    run.save(STRATEGY, extra)

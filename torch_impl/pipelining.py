@@ -38,7 +38,7 @@ def check(strategy, n_stages, split_size, batch_size):
 
 
 def launch_stages(cfg, devs, strategy, repeats, train_bn=True, profile=None):
-    """Start one process per stage with torchrun and fill `repeats` (common.stages.Repeats) with
+    """Start one process per stage with torchrun and fill `repeats` (common.harness.Repeats) with
     what the last stage measured; returns the record's extra. `profile`: --profile's folder,
     where each rank traces its first timed repeat."""
     split_size, gpu = repeats.split_sizes[0], devs[0].type == "cuda"

@@ -221,7 +221,8 @@ def train(net, cfg, ds, strategy, run):
     place, shard, step, correct, total = strategy(net, make_optimizer(net, cfg.lr), run.world)
     x_train, y_train, x_test, y_test = place(ds)
     initial = copy.deepcopy(net.state_dict())
-    for part in run.warm_up(shard):  # each batch shape once (compilation, autotuning)
+    # each batch shape once (compilation, autotuning); the clock waits for the devices
+    for part in run.warm_up(shard, sync=lambda: tdev.sync(run.world.devices)):
         step(x_train, y_train, part)
     net.load_state_dict(initial)  # the epochs start from the initial weights
     for parts in run.epochs(shard):  # iterating `parts` is the timed epoch
@@ -249,14 +250,14 @@ def main(args, plan, cfg, hooks):
     # --compile: in place, before DDP or DataParallel wraps it, as torch's docs advise; it
     # compiles (and captures CUDA graphs) in the warm-up, never in a timed epoch.
     calls = tdev.compile_model(net, device, world.size) if args.compile else 1
-    run = harness.Run(args, cfg, ds, world, lambda: tdev.sync([device]), hooks, calls)
+    run = harness.Run(args, cfg, ds, world, hooks=hooks, calls=calls)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", 1)) * len(world.devices)  # on this machine
     with run.sampling(utilization.sampler_for(plan.platform, local if world.rank == 0 else 0)):
         train(net, cfg, ds, {"ddp": ddp, "dataparallel": data_parallel}[strategy], run)
     names = tdev.device_names(world.devices)
     if world.group is not None:  # a DDP rank knows its own device only
         names = [f"rank{r}:{device.type}" for r in range(world.size)]
-    run.save(world.plan, names, tdev.versions(), strategy, _extra(args, run, world))
+    run.save(strategy, _extra(args, run, world), names)
 
 
 def _check(cfg, plan, strategy):
@@ -277,7 +278,7 @@ def _extra(args, run, world):
     """The record's torch fields: every rank's usage, the world, --compile's and the threads."""
     gpu = world.plan.platform == "gpu"
     extra = tdev.gather_usage(run.usage(), world.devices, gpu, world.size)
-    extra |= {"world_size": world.size, "amp": args.amp, "ddp_wrapper": world.size > 1}
+    extra |= {"world_size": world.size, "ddp_wrapper": world.size > 1}
     # --compile: its mode, and the graphs left out of CUDA graphs
     extra |= tdev.compile_fields(args.compile, world.devices[0], world.size)
     extra["nnodes"] = int(os.environ.get("GROUP_WORLD_SIZE", 1))  # torchrun's: the nodes

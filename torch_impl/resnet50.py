@@ -17,6 +17,7 @@ from common import config, stages, timing
 from common.stages import stage_blocks
 from torch_impl import devices as tdev
 from torch_impl import launch, pipelining
+from torch_impl import weights as tweights
 
 FRAMEWORK = "torch"
 STRATEGIES = ("single", "model_parallel", "pipeline", "gpipe", "1f1b")
@@ -59,17 +60,12 @@ def resnet50(num_classes=1000):
 
 def get_weights(model):
     """The shared weight format (common/weights.py): torch's state_dict is already its layout."""
-    state = model.state_dict()
-    return {k: v.detach().cpu().numpy() for k, v in state.items() if "num_batches" not in k}
+    return tweights.get_weights(model)
 
 
 def set_weights(model, params):
     """Copy shared-format arrays into `model` in place (each tensor stays on its device)."""
-    state = {k: torch.as_tensor(v) for k, v in params.items()}
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [k for k in missing if "num_batches" not in k]
-    if missing or unexpected:
-        raise ValueError(f"weights do not match: missing {missing[:3]}, extra {unexpected[:3]}")
+    tweights.set_weights(model, params)
 
 
 def split_into_stages(model, devices):
@@ -175,14 +171,13 @@ def measure_stages(model, cfg, repeats=3):
 
 
 def train(model, cfg, devices, repeats, train_bn=True):
-    """The tutorial's loop: MSE on one-hot labels, SGD; each of `repeats` (common.stages.Repeats)
+    """The tutorial's loop: MSE on one-hot labels, SGD; each of `repeats` (common.harness.Repeats)
     a timed repeat of num_batches steps at its split size. train_bn=False: BatchNorm uses its
     running statistics, so micro-batches change nothing (tests). Returns `repeats`."""
     model.train(train_bn)
     loss_fn, optimizer = nn.MSELoss(), optim.SGD(model.parameters(), lr=cfg.lr)
     inputs, labels = make_data(cfg, devices, next(model.parameters()).dtype)
-    repeats.sync = lambda: tdev.sync(devices)
-    for split_size, batches in repeats:
+    for split_size, batches in repeats.timed(sync=lambda: tdev.sync(devices)):
         model.split_size = split_size  # None: the whole batch (single, model_parallel)
         for b in batches:
             torch.compiler.cudagraph_mark_step_begin()  # --compile's CUDA graphs: a new step

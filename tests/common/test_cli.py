@@ -162,14 +162,3 @@ def test_worker_argv_reproduces_the_command_line_with_absolute_paths(tmp_path, m
     want = {**vars(args), "strategy": "ddp"}
     want |= {"results": str(tmp_path / "r.jsonl"), "profile": str(tmp_path / "p")}
     assert vars(again) == want
-
-
-def test_final_line_d2l_style():
-    from common import devices
-
-    plan = devices.DevicePlan(2, "cpu", True)
-    assert (
-        cli.final_line(0.8412, 2.84, plan, False)
-        == "test acc: 0.84, 2.8 sec/epoch on [2 x cpu (virtual)]"
-    )
-    assert "(extrapolated)" in cli.final_line(0.1, 2.0, plan, True)

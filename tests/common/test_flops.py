@@ -55,8 +55,8 @@ def test_resnet18_layers_by_hand():
 
 
 def test_issue_reference_figures():
-    # issue 12: ResNet-18 on 28x28 0.912 GFLOP forward, 164 TFLOP per training epoch of
-    # 60,000 images; LeNet 4.5 MFLOP; ResNet-50 at 128x128 2.67 GFLOP (figures as rounded there)
+    # the targets' figures: ResNet-18 on 28x28 0.912 GFLOP forward, 164 TFLOP per training epoch
+    # of 60,000 images; LeNet 4.5 MFLOP; ResNet-50 at 128x128 2.67 GFLOP (as rounded there)
     assert round(flops.forward_flops("resnet18") / 1e9, 3) == 0.912
     assert round(60_000 * flops.train_flops_per_image("resnet18") / 1e12) == 164
     assert round(flops.forward_flops("lenet") / 1e6, 1) == 4.5
@@ -64,7 +64,7 @@ def test_issue_reference_figures():
 
 
 def test_issue_compute_floor():
-    # issue 12: "The compute floor is 0.33 s/epoch at TF32 and 0.17 s at bf16" on an H100 SXM
+    # the GPU target: "The compute floor is 0.33 s/epoch at TF32 and 0.17 s at bf16" on an H100 SXM
     epoch = 60_000 * flops.train_flops_per_image("resnet18")
     h100 = "NVIDIA H100 80GB HBM3"
     assert round(epoch / (flops.peak_tflops(h100, "float32") * 1e12), 2) == 0.33
@@ -129,7 +129,7 @@ def test_device_part(name, part):
 
 def test_peaks_by_name_and_dtype():
     h100 = "NVIDIA H100 80GB HBM3"
-    # issue 12: H100 SXM TF32 495, bf16 989 dense
+    # the GPU target's peaks: H100 SXM TF32 495, bf16 989 dense
     assert round(flops.peak_tflops(h100, "float32")) == 495
     assert round(flops.peak_tflops(h100, "bf16")) == 989
     assert flops.peak_tflops(h100, "bfloat16") == flops.peak_tflops(h100, "bf16")

@@ -62,7 +62,7 @@ STRATEGY_FUNCTIONS = {
 STRATEGY_ARGS = ["net", "optimizer", "world"]
 STRATEGY_RETURNS = ["place", "shard", "step", "correct", "total"]
 # The harness calls of `train`, in the order each `train` makes them (common/harness.py).
-HARNESS = {"warm_up", "epochs", "test_batches", "log"}
+HARNESS = {"warm_up", "epochs", "test_batches", "log", "timed"}
 # The files whose comments are held to the rules below.
 CHECKED = [ROOT / d for d in ("common", "compare", "tools", *(f"{f}_impl" for f in FRAMEWORKS))]
 
@@ -165,6 +165,46 @@ def test_train_takes_the_same_steps_in_every_framework(workload):
     assert order["jax"] == order["torch"] and order["mxnet"] == order["torch"], order
     if workload != "resnet50":
         assert order["torch"] == ["warm_up", "epochs", "test_batches", "log"], order
+    else:
+        assert order["torch"] == ["timed"], order
+
+
+def attributes_set(func: ast.FunctionDef, owners: set[str]) -> list[str]:
+    """`owner.attr` of each assignment in `func` to an attribute of one of `owners`."""
+    targets = [
+        t
+        for n in ast.walk(func)
+        if isinstance(n, ast.Assign | ast.AugAssign | ast.AnnAssign)
+        for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+    ]
+    found = [e for t in targets for e in (t.elts if isinstance(t, ast.Tuple) else [t])]
+    return [
+        ast.unparse(e)
+        for e in found
+        if isinstance(e, ast.Attribute) and isinstance(e.value, ast.Name) and e.value.id in owners
+    ]
+
+
+@pytest.mark.parametrize("workload", WORKLOADS)
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_workloads_tell_the_harness_and_set_none_of_its_attributes(framework, workload):
+    """What the harness needs of a workload it is told through a call (`warm_up(shard, sync=)`,
+    `timed(sync=)`, `save(...)`), so no function of a workload file sets an attribute of its
+    Run or Repeats; a Run is built with keywords after its four obvious arguments."""
+    tree = tree_of(path_of(framework, workload))
+    funcs = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]
+    set_here = [f"{f.name}: {a}" for f in funcs for a in attributes_set(f, {"run", "repeats"})]
+    assert not set_here, set_here
+    for call in ast.walk(tree):
+        if isinstance(call, ast.Call) and ast.unparse(call.func) == "harness.Run":
+            assert len(call.args) == 4, ast.unparse(call)
+
+
+def test_the_attribute_check_sees_an_assignment():
+    """attributes_set, on the kinds of assignment it exists to catch and one it must not."""
+    lines = ["def train(run, repeats):", "run.sync = f", "repeats.sync, x.read = g, h", "y.z = 1"]
+    func = ast.parse("\n    ".join(lines)).body[0]
+    assert attributes_set(func, {"run", "repeats"}) == ["run.sync", "repeats.sync"]
 
 
 def signatures(path: Path) -> dict[str, list[str]]:

@@ -60,14 +60,3 @@ def test_one_gpu_runs_the_split_strategies_with_both_stages_on_it():
     assert stages.stage_devices(["gpu0"], "pipeline") == ["gpu0", "gpu0"]
     assert stages.stage_devices(["gpu0", "gpu1"], "pipeline") == ["gpu0", "gpu1"]
     assert stages.stage_devices(["gpu0", "gpu1"], "single") == ["gpu0"]
-
-
-def test_a_non_finite_loss_marks_the_repeat_that_diverged():
-    assert stages.diverged_repeat([2.3, 2.2, 2.1, 2.0], 2) is None
-    assert stages.diverged_repeat([2.3, 2.2, 2.1, float("nan")], 2) == 2  # warm-up is repeat 1
-    assert stages.diverged_repeat([float("inf"), float("nan")], 1) == 1
-
-
-def test_round_robin_warms_every_split_size_up_then_takes_each_once_per_round():
-    assert stages.round_robin((1, 2, 4), 2, 3) == [1, 1, 2, 2, 4, 4] + [1, 2, 4] * 3
-    assert stages.round_robin((None,), 1, 2) == [None] * 3

@@ -90,7 +90,7 @@ def test_neither_model_fits_a_sweep_off_both():
 def test_tutorial_h100_sweep_is_serial():
     """The PyTorch tutorial's own program on one H100, both stages on cuda:0 (so nothing can
     overlap), tutorial sizes (batch 120, 3 batches per train()), mean seconds of 10 train()
-    calls, as reported in issue 13. Its stage times were not measured: the model_parallel time
+    calls, as reported for that run. Its stage times were not measured: the model_parallel time
     (0.19 s for 3 batches) split evenly stands in; the serial model needs only their sum."""
     measured = {
         1: 5.23,

@@ -35,7 +35,8 @@ MUTANTS = [
         "mxnet",
         R18 + "test_two_contexts_equal_one_context",
         "mxnet_impl/resnet18.py",
-        "        return mdev.add_up(train_step(net, trainer, xs, ys, len(idx)))",
+        "        return mdev.add_up(train_step(net, trainer, *split(x, y, rows), batch_size))",
+        "        xs, ys = split(x, y, rows)\n"
         "        return mdev.add_up(train_step(net, trainer, xs, ys, xs[0].shape[0] * len(xs)))",
         "Trainer.step's batch size as context 0's part times the contexts (6 for 3 + 2)",
     ),
@@ -123,9 +124,8 @@ MUTANTS = [
         "mxnet",
         R50 + "test_pipeline_equals_single_with_bn_on_running_stats[1]",
         "mxnet_impl/resnet50.py",
-        "        for child in block._children.values():\n            visit(child)",
-        "        for child in block._children.values():\n"
-        "            if isinstance(child, nn.BatchNorm):\n                visit(child)",
+        "    model.apply(switch)",
+        "    for child in model._children.values():\n        switch(child)",
         "use_running_stats switches only the stem's BatchNorm, not those inside the blocks",
     ),
     Mutant(

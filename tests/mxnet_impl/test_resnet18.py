@@ -241,7 +241,7 @@ def test_warm_up_steps_leave_the_initial_weights():
         return net
 
     net = initialised()
-    with runs.run_for("resnet18", cfg, ds, ctxs, mdev.sync) as run:
+    with runs.run_for("resnet18", cfg, ds, ctxs) as run:
         r18.train(net, cfg, ds, r18.context_list, run)
     ref = initialised()
     world = runs.world_of(ctxs)

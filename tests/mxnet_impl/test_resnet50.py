@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from mxnet import autograd, nd
 
-from common import cli, config, devices, stages, weights
+from common import cli, config, devices, harness, weights
 from mxnet_impl import resnet50 as r50
 from mxnet_impl.__main__ import load
 from tests.fixtures import make_resnet50_fixture as fixture_gen
@@ -248,13 +248,13 @@ def test_main_default_and_sweep_write_records(tmp_path):
 
 def test_sweep_takes_the_split_sizes_round_robin(tmp_path):
     """One model for the whole sweep, its split size changed between repeats: each forward
-    sees the split size of stages.round_robin's order, and each split size has its repeats."""
+    sees the split size of harness.round_robin's order, and each split size has its repeats."""
     cfg = dataclasses.replace(cli.config_of(args_for(tmp_path)), warmup=1, repeats=2)
     model, seen = r50.build("pipeline", DEVS, 1, cfg.num_classes), []
     forward = model.forward
     model.forward = lambda x: seen.append(model.split_size) or forward(x)
-    runs = r50.train(model, cfg, DEVS, stages.Repeats(cfg, (1, 2, 4))).results()
-    order = stages.round_robin((1, 2, 4), cfg.warmup, cfg.repeats)
+    runs = r50.train(model, cfg, DEVS, harness.Repeats(cfg, (1, 2, 4))).results()
+    order = harness.round_robin((1, 2, 4), cfg.warmup, cfg.repeats)
     assert seen == [s for s in order for _ in range(cfg.num_batches)]
     assert {s: len(t.times) for s, (t, _) in runs.items()} == {1: 2, 2: 2, 4: 2}
     assert all(len(losses) == 3 * cfg.num_batches for _, losses in runs.values())

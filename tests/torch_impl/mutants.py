@@ -153,9 +153,9 @@ MUTANTS = [
         "torch-r50-transposed-kernel",
         "torch",
         "tests/torch_impl/test_resnet50.py::test_float32_forward_matches_the_float64_fixture",
-        "torch_impl/resnet50.py",
-        "    state = {k: torch.as_tensor(v) for k, v in params.items()}",
-        "    state = {k: torch.as_tensor(v) for k, v in params.items()}\n"
+        "torch_impl/weights.py",
+        "    state = {k: torch.from_numpy(np.asarray(v)) for k, v in params.items()}",
+        "    state = {k: torch.from_numpy(np.asarray(v)) for k, v in params.items()}\n"
         "    state = {k: v.transpose(-1, -2) if v.dim() == 4 else v for k, v in state.items()}",
         "conv kernels loaded transposed (HW swapped) from the exchange format",
     ),

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from common import cli, config, devices, harness, stages, weights
+from common import cli, config, devices, harness, weights
 from tests.fixtures import make_resnet50_fixture as gen
 from tests.fixtures import numerics, runs
 from torch_impl import devices as tdev
@@ -226,13 +226,13 @@ def test_main_default_and_sweep_write_records(tmp_path):
 
 def test_sweep_takes_the_split_sizes_round_robin(tmp_path):
     """One model for the whole sweep, its split size changed between repeats: each forward
-    sees the split size of stages.round_robin's order, and each split size has its repeats."""
+    sees the split size of harness.round_robin's order, and each split size has its repeats."""
     cfg = dataclasses.replace(cli.config_of(args_for(tmp_path)), warmup=1, repeats=2)
     model, seen = r50.build("pipeline", DEVS, 1, cfg.num_classes), []
     forward = model.forward
     model.forward = lambda x: seen.append(model.split_size) or forward(x)
-    runs = r50.train(model, cfg, DEVS, stages.Repeats(cfg, (1, 2, 4))).results()
-    order = stages.round_robin((1, 2, 4), cfg.warmup, cfg.repeats)
+    runs = r50.train(model, cfg, DEVS, harness.Repeats(cfg, (1, 2, 4))).results()
+    order = harness.round_robin((1, 2, 4), cfg.warmup, cfg.repeats)
     assert seen == [s for s in order for _ in range(cfg.num_batches)]
     assert {s: len(t.times) for s, (t, _) in runs.items()} == {1: 2, 2: 2, 4: 2}
     assert all(len(losses) == 3 * cfg.num_batches for _, losses in runs.values())
@@ -276,7 +276,7 @@ def _single_losses(cfg, dtype, moved=False):
     model = r50.resnet50().to(dtype)
     if moved:
         r50.set_weights(model, numerics.perturb(r50.get_weights(model)))
-    repeats = r50.train(model, cfg, DEVS[:1], stages.Repeats(cfg), train_bn=False)
+    repeats = r50.train(model, cfg, DEVS[:1], harness.Repeats(cfg), train_bn=False)
     [(_, losses)] = repeats.results().values()
     return losses
 
@@ -292,7 +292,7 @@ def test_pipelining_engine_matches_single(strategy):
     step's gradient, which jumps at ReLU kinks; at lr 0.001 such a jump moves that loss by
     about lr * |g| * |jump| / loss, below 1e-9 here: far inside the limit."""
     cfg = dataclasses.replace(smoke_cfg(image_size=32), num_batches=2, warmup=0)
-    repeats = stages.Repeats(cfg, (2,))
+    repeats = harness.Repeats(cfg, (2,))
     extra = pipelining.launch_stages(cfg, DEVS[:1] * 2, strategy, repeats, train_bn=False)
     want = _single_losses(cfg, torch.float64)
     off = _single_losses(cfg, torch.float64, moved=True)
