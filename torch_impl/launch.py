@@ -30,10 +30,9 @@ launcher checks the port on node 0 first, gives torch's timeouts a margin above 
 and stops torchrun with one line when no worker of this node has started training (each says
 so in a file, READY_FILE_ENV) within `--rdzv-timeout` seconds.
 
-torchrun runs in a session of its own, so a Ctrl-C reaches the launcher only, which then stops
-torchrun (which stops its workers: they too have sessions of their own) within a bound, and
-kills any worker left. Had the terminal's Ctrl-C reached torchrun too, subprocess would SIGKILL
-it 0.25 s later, possibly before it had stopped its workers, which kept training, orphaned.
+torchrun runs in a session of its own: a Ctrl-C reaches the launcher only, which stops torchrun
+(which stops its workers, in sessions of their own) within a bound and kills any worker left;
+one reaching torchrun too would have subprocess SIGKILL it before it stopped its workers.
 """
 
 from __future__ import annotations
@@ -304,7 +303,8 @@ def join(plan: devices.DevicePlan, args=None) -> World:
     if gpu:
         torch.cuda.set_device(device)
     timeout = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
-    dist.init_process_group("nccl" if gpu else "gloo", timeout=timeout, **_loopback_store())
+    backend, device_id = ("nccl", device) if gpu else ("gloo", None)  # NCCL: its GPU, unguessed
+    dist.init_process_group(backend, timeout=timeout, device_id=device_id, **_loopback_store())
     if os.environ.get(READY_FILE_ENV):  # every node has joined: the launcher's wait ends
         Path(os.environ[READY_FILE_ENV]).touch()
 
