@@ -26,6 +26,7 @@ from common import processes
 POLL_S = 0.2
 CHECK_S = 1.0  # the checks (a namespace's processes, a link's state) run `ip`: once a second
 TERM_GRACE_S = 5.0  # a member given SIGTERM has this long before SIGKILL
+TRACEBACK_WAIT_S = 1.0  # a member's traceback waits this long for a failure it may follow from
 
 
 class Failed(Exception):
@@ -108,13 +109,28 @@ class Group:
         for line in stream:
             if line.strip():
                 m.last[0] = line.strip()
-            if any(other.popen.poll() not in (None, 0) for other in self.members):
+            if line.startswith("Traceback (most recent call last)"):
+                self._await_failure(m)
+            if self._any_failed():
                 self.quiet.set()  # one failed, maybe before watch saw it: the rest is aftermath
             if self.quiet.is_set() or line.startswith("error:"):
                 continue
             with contextlib.suppress(OSError, ValueError):  # our own stderr closed
                 sys.stderr.write(f"[{m.name}] {line}" if self.prefix else line)
                 sys.stderr.flush()
+
+    def _any_failed(self, but: Member | None = None) -> bool:
+        return any(o is not but and o.popen.poll() not in (None, 0) for o in self.members)
+
+    def _await_failure(self, m: Member) -> None:
+        """Hold `m`'s traceback until another member fails or TRACEBACK_WAIT_S pass: a killed
+        peer's connections close as it dies, before it can be reaped (and before a launcher
+        above it fails), so the survivor's dying words may come first."""
+        end = time.monotonic() + TRACEBACK_WAIT_S
+        while time.monotonic() < end and not self.quiet.is_set():
+            if self._any_failed(but=m):
+                return
+            time.sleep(0.02)
 
     def watch(
         self,

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from common import signals
+from tests.fixtures import interrupt
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,7 +28,10 @@ def importing_numpy(pid: int) -> bool:
 def test_a_stop_while_the_command_imports_is_one_line_and_its_code(framework, stop, tmp_path):
     cmd = [sys.executable, "-m", f"{framework}_impl", "--workload", "lenet", "--preset", "smoke"]
     cmd += ["--platform", "cpu", "--results", str(tmp_path / "r.jsonl")]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    # with SIGINT at its default, as at a terminal: a suite run as a background job ignores it
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True, preexec_fn=interrupt.terminal_signals
+    )
     deadline = time.monotonic() + 30
     while not importing_numpy(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.002)

@@ -47,6 +47,25 @@ def test_what_others_say_after_a_member_failed_is_not_shown(tmp_path, capsys):
     assert "Traceback" not in capsys.readouterr().err
 
 
+def test_a_traceback_waits_for_the_peer_failure_it_follows(tmp_path, capsys):
+    """A killed peer's connections close as it dies, before it can be reaped (or, under a
+    launcher, before the launcher fails): the survivor's traceback can come first. It waits a
+    moment for a peer's failure, and is not shown when one comes."""
+    gone = tmp_path / "gone"
+    wait = f"import pathlib, time\nwhile not pathlib.Path({str(gone)!r}).exists(): time.sleep(0.01)"
+    dying = (
+        "print('Traceback (most recent call last):\\n  File x\\nConnectionResetError', flush=True)"
+    )
+    with supervise.Group("training") as group:
+        survivor = group.start("node 0", [PY, "-c", f"{wait}\n{dying}\ntime.sleep(2)\nexit(1)"])
+        group.start(
+            "node 1", [PY, "-c", f"import time; open({str(gone)!r}, 'w'); time.sleep(0.3); exit(1)"]
+        )
+        survivor.popen.wait(30)
+        survivor.tee.join(5)
+    assert "Traceback" not in capsys.readouterr().err
+
+
 def test_of_members_that_failed_between_two_looks_the_first_to_end_is_named(tmp_path):
     """Node 1 is killed and node 0, its peer gone, fails a moment later: by the next look both
     have ended, and the run names node 1, whatever the members' order."""
