@@ -143,14 +143,16 @@ def _watchdog(read: int, taken: threading.Event, grace: float) -> None:
 PARENT_ENV = "MULTIDEVICE_PARENT"  # the pid of the supervisor that started this process
 
 
-def watch_launcher() -> None:
+def watch_launcher(on_exit: Callable[[], None] | None = None) -> int | None:
     """A process that a supervisor started (PARENT_ENV names it) ends when that supervisor is
     gone, even if it went before this process could look: the pid it was given, not the one it
-    finds, is its parent. The variable is not passed on: this process's own children have
-    another parent."""
+    finds, is its parent (returned; None: no supervisor). The variable is not passed on: this
+    process's own children have another parent. `on_exit`: as watch_parent's."""
     expected = os.environ.pop(PARENT_ENV, "")
-    if expected.isdigit():
-        watch_parent(parent=int(expected))
+    if not expected.isdigit():
+        return None
+    watch_parent(on_exit, parent=int(expected))
+    return int(expected)
 
 
 def watch_parent(

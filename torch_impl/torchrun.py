@@ -5,22 +5,36 @@ a ChildFailedError (a traceback and a box under the worker's own output). Here a
 exit 128 + the signal's number, and a failed worker with one line saying which and how; a
 worker that failed on bad input left its line for the launcher (launch.worker_main), which ends
 on it.
+
+On one machine the launcher hosts the rendezvous store (launch._loopback). A launcher killed
+outright takes the store along, and torchrun's next store call fails (its exit barrier, its
+rendezvous keep-alive): c10's warning with a C++ stack, then logged tracebacks, on a terminal
+whose command has ended. torchrun stops its workers without a word then: its C++ warnings are
+off where the store is the launcher's, and its logging says nothing once its launcher is gone.
 """
 
+import contextlib
 import logging
+import os
+import signal
 import sys
 
-from torch.distributed import run
-from torch.distributed.elastic.multiprocessing.api import SignalException
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-
 from common import signals
+from torch_impl import launch
+
+CPP_LOG_ENV = "TORCH_CPP_LOG_LEVEL"  # read by c10 as torch loads
 
 
 def main() -> int:
     # Its launcher gone, even SIGKILLed (before this process could look, too): a SIGTERM to
     # itself, which torchrun passes to its workers before it ends, as when the launcher stops it.
-    signals.watch_launcher()
+    launcher = signals.watch_launcher(on_exit=_stop_quietly)
+    with _cpp_warnings_off(bool(os.environ.get(launch.LOOPBACK_ENV))):
+        from torch.distributed import run
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    if launcher is not None:
+        _quiet_without(launcher)
     # Its warning per worker it stops ("Sending process N closing signal SIGTERM"): the
     # launcher says what happened, in one line.
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.ERROR)
@@ -36,6 +50,39 @@ def main() -> int:
         print(f"torchrun: worker rank {rank} ended with {how}", file=sys.stderr)
         return 1
     return 0
+
+
+@contextlib.contextmanager
+def _cpp_warnings_off(off: bool):
+    """c10 at ERROR for this process only (`off`); the workers it starts get the user's level."""
+    saved = os.environ.get(CPP_LOG_ENV)
+    if off:
+        os.environ[CPP_LOG_ENV] = "ERROR"
+    try:
+        yield
+    finally:
+        os.environ.pop(CPP_LOG_ENV, None)
+        if saved is not None:
+            os.environ[CPP_LOG_ENV] = saved
+
+
+def _quiet_without(launcher: int) -> None:
+    """No log record once `launcher` is gone (its parent then is another: checked as each record
+    is emitted, so none slips out before the watch sees it), and none of logging's own reports of
+    a handler that a stop signal interrupted. torch's loggers each have a handler of their own
+    and do not propagate: the check goes on every handler there is once torch is imported."""
+    logging.raiseExceptions = False
+    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    for handler in {h for logger in loggers for h in getattr(logger, "handlers", ())}:
+        handler.addFilter(lambda record: os.getppid() == launcher)
+
+
+def _stop_quietly() -> None:
+    """Its launcher gone: stdout and stderr to /dev/null, then the SIGTERM that stops it."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    for fd in (1, 2):
+        os.dup2(null, fd)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 if __name__ == "__main__":

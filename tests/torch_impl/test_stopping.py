@@ -19,8 +19,11 @@ def test_a_stop_signal_ends_the_run_and_its_workers(tmp_path, signum):
     stopping.check_stop_signal(DDP, tmp_path, signum, others=["torch_impl.torchrun"])
 
 
-def test_a_launcher_killed_outright_takes_torchrun_and_the_workers_along(tmp_path):
-    stopping.check_killed_launcher(DDP, tmp_path)
+@pytest.mark.parametrize("at_the_end", [False, True], ids=["training", "leaving"])
+def test_a_launcher_killed_outright_takes_torchrun_and_the_workers_along(tmp_path, at_the_end):
+    """Killed while the workers train, or as they leave (torchrun then waits at its exit barrier
+    on the launcher's store): every process ends, and torchrun says nothing of the store gone."""
+    stopping.check_killed_launcher(DDP, tmp_path, at_the_end)
 
 
 @pytest.mark.parametrize("command", [DDP, GPIPE], ids=["ddp", "gpipe"])
