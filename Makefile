@@ -66,10 +66,11 @@ $(VENV)/tools/bin/uv:
 	  | { grep -v 'is neither a file nor a directory' || true; }; \
 	  test -x $@ || echo "== no uv: the environments are made with venv + pip from the same locks"
 
-# A stamp per environment, newer than its lock and pyproject.toml: re-running setup is a no-op.
+# A stamp per environment, newer than its lock, pyproject.toml and tools/venv.sh: re-running
+# setup is a no-op.
 # (MXNet without Python 3.10/3.11 gets no stamp, only the line saying why: tools/venv.sh.)
 .SECONDEXPANSION:
-$(VENV)/%/.stamp: $$(call lock_of,$$*) pyproject.toml | $(filter $(VENV)/tools/bin/uv,$(UV))
+$(VENV)/%/.stamp: $$(call lock_of,$$*) pyproject.toml tools/venv.sh | $(filter $(VENV)/tools/bin/uv,$(UV))
 	@VENV=$(VENV) UV=$(UV) PYTHON=$(PYTHON) PIP_FLAGS="$(PIP_FLAGS)" \
 	  tools/venv.sh $* $< $(call pythons,$*)
 

@@ -84,7 +84,10 @@ if [ -n "$uv" ]; then
   # uv reads no pip.conf: a package mirror configured for pip (index-url) serves uv too.
   mirror=${PIP_INDEX_URL:-$("$python" -m pip config get global.index-url 2>/dev/null || true)}
   [ -n "${UV_DEFAULT_INDEX:-}" ] || [ -z "$mirror" ] || export UV_DEFAULT_INDEX=$mirror
-  "$uv" pip sync -q --python "$venv/bin/python" "$lock"
+  # Bytecode compiled once here: where PYTHONDONTWRITEBYTECODE is set (containers, CI images)
+  # Python writes none itself, and every process would compile torch's modules again as it
+  # imports them (seconds per process: the tests start many).
+  "$uv" pip sync -q --compile-bytecode --python "$venv/bin/python" "$lock"
   "$uv" pip install -q --python "$venv/bin/python" --no-deps -e .
 else
   echo "== $venv: no uv, installing $lock with pip"
