@@ -21,7 +21,7 @@ IMPORTS = "<imports>"  # a file's import block, as a name
 # Statements only the benchmark needs, folded wherever they are: (text in them, why they are there).
 # A compound statement whose header holds one folds its whole definition.
 BENCHMARK = {
-    "cudagraph_mark_step_begin": "--compile's CUDA graphs",
+    "new_step()": "--compile's CUDA graphs",
     'set_stance("force_eager")': "--compile: evaluation runs eagerly",
 }
 PLACEHOLDERS = {"R": "0"}  # what a command's placeholder stands for when it is checked

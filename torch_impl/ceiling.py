@@ -24,7 +24,7 @@ def lenet_step(cfg, x, y, compiled):
     model = tdev.compile_function(lenet.lenet, x.device)[0] if compiled else lenet.lenet
 
     def step(_):
-        torch.compiler.cudagraph_mark_step_begin()  # as lenet.train_batch
+        tdev.new_step()  # as lenet.train_batch
         optimizer.zero_grad(set_to_none=True)
         loss = lenet.loss_fn(model(x, params), y)
         loss.backward()

@@ -1,6 +1,7 @@
 """A DevicePlan as torch devices, the barrier for the timer, versions, threads and usage for the
 record, how a GPU trains (its layout and the compile mode of --compile) and --profile's tracer."""
 
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -112,6 +113,14 @@ def compile_function(fn, device: torch.device, n_devices: int = 1):
     (updated in place between calls, never baked in as constants)."""
     mode = compile_mode(device, n_devices)
     return torch.compile(fn, mode=mode, dynamic=False), _warmup_calls(mode)
+
+
+def new_step() -> None:
+    """A training step begins: CUDA graphs (--compile on one GPU) may reuse the last step's
+    output memory from here. Only where TorchInductor has built CUDA graphs: torch.compiler's
+    call imports TorchInductor (seconds) in an eager process just to find none."""
+    if "torch._inductor.cudagraph_trees" in sys.modules:
+        torch.compiler.cudagraph_mark_step_begin()
 
 
 def compile_fields(compiled: bool, device: torch.device, n_devices: int = 1) -> dict:

@@ -71,8 +71,7 @@ def split_batch(X, y, devices):
 def train_batch(X, y, device_params, devices, lr, model=lenet):
     """One step on every device; returns the batch's summed loss (on device 0, not synced).
     `model`: lenet, or lenet torch.compiled (--compile; JAX jits its per-device step)."""
-    # A new step: CUDA graphs (--compile on one GPU) may reuse the last step's output memory.
-    torch.compiler.cudagraph_mark_step_begin()
+    tdev.new_step()
     X_shards, y_shards = split_batch(X, y, devices)
     ls = [
         loss_fn(model(X_shard, params), y_shard)

@@ -134,8 +134,7 @@ def loss_fn(logits, labels):
 
 def train_step(net, optimizer, x, y):
     """One SGD step on a batch; returns its mean loss (not synced)."""
-    # A new step: CUDA graphs (--compile on one GPU) may reuse the last step's output memory.
-    torch.compiler.cudagraph_mark_step_begin()
+    tdev.new_step()
     optimizer.zero_grad(set_to_none=True)
     loss = loss_fn(net(x), y)
     loss.backward()

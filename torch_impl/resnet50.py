@@ -180,7 +180,7 @@ def train(model, cfg, devices, repeats, train_bn=True):
     for split_size, batches in repeats.timed(sync=lambda: tdev.sync(devices)):
         model.split_size = split_size  # None: the whole batch (single, model_parallel)
         for b in batches:
-            torch.compiler.cudagraph_mark_step_begin()  # --compile's CUDA graphs: a new step
+            tdev.new_step()
             optimizer.zero_grad()
             loss = loss_fn(model(inputs[b]), labels[b])
             loss.backward()

@@ -84,7 +84,7 @@ def test_benchmark_lines_and_the_model_fold_away():
             # in the HTML, only inside a fold (a <details>), one click away
             outside = re.sub(r"<details>.*?</details>", "", page, flags=re.S)
             assert html.escape(text, quote=False) not in _text(outside), (workload, text)
-    assert "cudagraph_mark_step_begin" in lessons.html_page("resnet18")
+    assert "new_step()" in lessons.html_page("resnet18")
     r18 = lessons.markdown("resnet18")
     model = r18[r18.index("## model") : r18.index("## train_step")]
     assert model.count("\n") < 120, "the model row shows more than the lesson needs"
