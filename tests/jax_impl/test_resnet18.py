@@ -66,13 +66,16 @@ def _parity_outputs(dtype):
     y = jnp.asarray(ref["y"])
     net = r18.resnet18(dtype=dtype)
     variables = _cast(r18.init_weights(net, parity.STD, parity.SEED), dtype)
-    out = {"logits_eval": net.apply(variables, x, train=False)}
-    out["logits_train"], _ = net.apply(variables, x, train=True, mutable=["batch_stats"])
+    # jitted: eager dispatch compiles a program per operation and shape
+    logits_eval = jax.jit(lambda v: net.apply(v, x, train=False))
+    logits_train = jax.jit(lambda v: net.apply(v, x, train=True, mutable=["batch_stats"])[0])
+    out = {"logits_eval": logits_eval(variables), "logits_train": logits_train(variables)}
     opt = r18.make_optimizer(parity.LR)
     state = dict(variables, opt_state=opt.init(variables["params"]))
     state, out["loss"] = jax.jit(lambda s: r18.train_step(net, opt, s, x, y))(state)
-    stepped = {"params": state["params"], "batch_stats": state["batch_stats"]}
-    out["logits_after_step"], _ = net.apply(stepped, x, train=True, mutable=["batch_stats"])
+    out["logits_after_step"] = logits_train(
+        {"params": state["params"], "batch_stats": state["batch_stats"]}
+    )
     return ref, {k: np.asarray(v, np.float64) for k, v in out.items()}
 
 
@@ -296,10 +299,11 @@ def test_warm_up_steps_leave_the_initial_state():
     cfg = dataclasses.replace(cfg, steps_per_epoch=None, init_std=0.1)  # 8 + 8 + 4
     net, devs = r18.resnet18(width=4), jax.devices("cpu")[:1]
     run = runs.run_for("resnet18", cfg, ds, devs, hooks=HOOKS)
-    r18.train(net, cfg, ds, r18.sharding, run)
+    used = []  # the strategy's functions `train` used: the same compiled steps replay below
+    r18.train(net, cfg, ds, lambda *a: used.append(r18.sharding(*a)) or used[0], run)
     log = run.epoch_log
     opt = r18.make_optimizer(cfg.lr)
-    place, shard, step, _, _ = r18.sharding(net, opt, runs.world_of(devs))
+    place, shard, step, _, _ = used[0]
     variables = r18.init_weights(net, cfg.init_std, cfg.seed)
     state = place(dict(variables, opt_state=opt.init(variables["params"])))
     x, y, _, _ = place(data.as_float(ds, np.int32, channels_last=True))
@@ -344,15 +348,16 @@ def test_correct_counts_a_padded_test_batch_exactly(strategy):
 def relu_decisions(record=None, impose=None):
     """Record which ReLU inputs are > 0 (in call order), or impose recorded decisions instead of
     computing them: the float64 reference then takes float32's side of every kink (numerics.py,
-    rule 1), so the comparison sees rounding only. The model calls flax's nn.relu at run time;
-    recording needs concrete values, so these passes run eagerly (no jit)."""
+    rule 1), so the comparison sees rounding only. The model calls flax's nn.relu at run time,
+    also while jit traces it: under jit the recorded comparisons are traced values, which the
+    traced function returns (see _loss_gradients)."""
     original, imposed = nn.relu, iter(impose or ())
 
     def relu(z):
         if impose is not None:
             return z * jnp.asarray(next(imposed), z.dtype)
         if record is not None:
-            record.append(np.asarray(z > 0))
+            record.append(z > 0)
         return original(z)
 
     nn.relu = relu
@@ -362,27 +367,40 @@ def relu_decisions(record=None, impose=None):
         nn.relu = original
 
 
-def _gradients(device, dtype, w, x, decisions=None, record=None):
-    """Loss gradients of the full ResNet-18 (train-mode BatchNorm) from exchange-format weights
-    `w` on NCHW inputs `x`, in `dtype` on `device`, eagerly (see relu_decisions)."""
-    net = r18.resnet18(dtype=dtype)
-    # set_weights keeps the leaves' dtype: cast first, so float64 weights are not rounded
-    variables = r18.set_weights(_cast(r18.init_weights(net, 0.1, 0), dtype), w)
-    variables = jax.device_put(variables, device)
-    x = jax.device_put(jnp.asarray(np.asarray(x).transpose(0, 2, 3, 1), dtype), device)
-    y = jax.device_put(jnp.asarray(np.arange(len(x)) % 10, jnp.int32), device)
+@functools.partial(jax.jit, static_argnums=0)
+def _loss_gradients(net, variables, x, y, decisions):
+    """Loss gradients of `net` (train-mode BatchNorm) under `decisions`; with None, float32's
+    own decisions, recorded from a forward pass of the same operations: (gradients, decisions).
+    One jitted program per dtype: eager dispatch compiles a program per operation and shape."""
 
     def loss_of(params):
         both = {"params": params, "batch_stats": variables["batch_stats"]}
         logits, _ = net.apply(both, x, train=True, mutable=["batch_stats"])
         return r18.loss_fn(logits, y)
 
-    if record is not None:  # float32's decisions, from a forward pass of the same operations
-        with relu_decisions(record=record):
+    if decisions is None:
+        decisions = []
+        with relu_decisions(record=decisions):
             loss_of(variables["params"])
     with relu_decisions(impose=decisions):
-        grads = jax.grad(loss_of)(variables["params"])
-    return {k: np.asarray(v, np.float64) for k, v in r18.get_weights({"params": grads}).items()}
+        return jax.grad(loss_of)(variables["params"]), decisions
+
+
+def _gradients(device, dtype, w, x, decisions=None):
+    """Loss gradients of the full ResNet-18 (train-mode BatchNorm) from exchange-format weights
+    `w` on NCHW inputs `x`, in `dtype` on `device` (see _loss_gradients): (gradients as numpy,
+    the ReLU decisions as numpy)."""
+    net = r18.resnet18(dtype=dtype)
+    # set_weights keeps the leaves' dtype: cast first, so float64 weights are not rounded
+    variables = r18.set_weights(_cast(r18.init_weights(net, 0.1, 0), dtype), w)
+    variables = jax.device_put(variables, device)
+    x = jax.device_put(jnp.asarray(np.asarray(x).transpose(0, 2, 3, 1), dtype), device)
+    y = jax.device_put(jnp.asarray(np.arange(len(x)) % 10, jnp.int32), device)
+    grads, decisions = _loss_gradients(net, variables, x, y, decisions)
+    grads = r18.get_weights({"params": grads})
+    return {k: np.asarray(v, np.float64) for k, v in grads.items()}, [
+        np.asarray(d) for d in decisions
+    ]
 
 
 @pytest.mark.numerics
@@ -397,14 +415,13 @@ def test_float32_gradients_match_float64(platform):
         pytest.skip("JAX sees no GPU (CPU-only jaxlib)")
     w = weights.init_normal(r18.weight_shapes(r18.resnet18()), parity.STD, parity.SEED)
     x = np.random.default_rng(0).standard_normal((8, 1, 28, 28))
-    decisions = []
     with jax.default_matmul_precision("highest"):
-        got = _gradients(jax.devices(platform)[0], jnp.float32, w, x, record=decisions)
+        got, decisions = _gradients(jax.devices(platform)[0], jnp.float32, w, x)
     cpu = jax.devices("cpu")[0]
     with jax.enable_x64(True):
-        want = _gradients(cpu, jnp.float64, w, x, decisions)
+        want, _ = _gradients(cpu, jnp.float64, w, x, decisions)
         moved = numerics.perturb({**w, "input": x})
-        off = _gradients(cpu, jnp.float64, moved, moved.pop("input"), decisions)
+        off, _ = _gradients(cpu, jnp.float64, moved, moved.pop("input"), decisions)
     gpu_checks.check_float32_gradients(f"jax resnet18 {platform} float32 gradient", got, want, off)
 
 

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from common import cli, config, devices, harness, weights
+from common import cli, config, devices, harness, stages, weights
 from jax_impl import devices as jdev
 from jax_impl import resnet50 as r50
 from jax_impl.__main__ import load
@@ -101,7 +101,8 @@ def _fixture_forward(start, dtype):
     params = weights.init_normal(shapes, float(fix["std"]), int(fix["seed"]))
     variables = r50.set_weights(_as(start, dtype), params)
     x = jnp.asarray(fix["input"].transpose(0, 2, 3, 1), dtype)  # NCHW -> NHWC
-    out = r50.ResNet50().apply(variables, x, train=False)
+    # one jitted program: eager dispatch compiles a program per operation and shape
+    out = jax.jit(lambda v: r50.ResNet50().apply(v, x, train=False))(variables)
     assert out.dtype == dtype
     return np.asarray(out, np.float64), fix
 
@@ -140,13 +141,20 @@ def merged(parts):
     return whole
 
 
+def vector(weights):
+    """A weights dict as one float64 vector, its keys sorted, as numerics compares a dict: each
+    result is flattened once, not once per comparison (25M numbers)."""
+    return np.concatenate([np.asarray(weights[k], np.float64).ravel() for k in sorted(weights)])
+
+
 def one_step(model, train_bn, x, y, lr=0.01):
-    """(output, gradients, variables after one SGD step) as numpy dicts."""
+    """(output, gradients, variables after one SGD step) as numpy vectors."""
     model.train_bn = train_bn
     out = np.asarray(model(x))
     model.train_step(x, y, lr)
     variables = {"params": merged(model.params), "batch_stats": merged(model.stats)}
-    return out, r50.get_weights({"params": merged(model.grads)}), r50.get_weights(variables)
+    grads = r50.get_weights({"params": merged(model.grads)})
+    return out, vector(grads), vector(r50.get_weights(variables))
 
 
 def compare(name, got, ref):
@@ -164,7 +172,7 @@ def test_model_parallel_equals_single_in_train_mode(devs, start, data):
         start = _as(start, jnp.float64)
         ref = one_step(r50.ModelParallelResNet50(devs[:1], start), True, *data)
         # The step moved the weights far more than the limit: the check can see a wrong step.
-        moved = numerics.rel_error(ref[2], r50.get_weights(start))
+        moved = numerics.rel_error(ref[2], vector(r50.get_weights(start)))
         assert moved > 1e3 * numerics.SAME_MATH_LIMIT, moved
         for name, model in (
             ("model_parallel", r50.ModelParallelResNet50(devs, start)),
@@ -173,20 +181,30 @@ def test_model_parallel_equals_single_in_train_mode(devs, start, data):
             compare(f"jax resnet50 {name} vs single", one_step(model, True, *data), ref)
 
 
+@pytest.fixture(scope="module")
+def single_on_running_stats(devs, start, data):
+    """One device's float64 step with BatchNorm on its running statistics: every split size's
+    reference, computed once."""
+    with jax.enable_x64(True):
+        return one_step(r50.ModelParallelResNet50(devs[:1], _as(start, jnp.float64)), False, *data)
+
+
 @pytest.mark.numerics
 @pytest.mark.multi_device
 # 3 does not divide 4: micro-batches 3 and 1. One micro-batch (split BATCH) is the train-mode
 # test's; each further split size costs XLA its own compilations.
 @pytest.mark.parametrize("split", [1, 3])
-def test_pipeline_equals_single_with_bn_on_running_stats(devs, start, data, split):
+def test_pipeline_equals_single_with_bn_on_running_stats(
+    devs, start, data, single_on_running_stats, split
+):
     """Rule 1 (float64). Train-mode BatchNorm normalises each micro-batch by its own statistics
     (as the tutorial does), so only with BN on its running statistics must the results agree
     for every split; the micro-batches' gradients add up to the batch's."""
     with jax.enable_x64(True):
-        start = _as(start, jnp.float64)
-        ref = one_step(r50.ModelParallelResNet50(devs[:1], start), False, *data)
-        got = one_step(r50.PipelineParallelResNet50(devs, start, split), False, *data)
-    compare(f"jax resnet50 pipeline split {split} vs single", got, ref)
+        got = one_step(
+            r50.PipelineParallelResNet50(devs, _as(start, jnp.float64), split), False, *data
+        )
+    compare(f"jax resnet50 pipeline split {split} vs single", got, single_on_running_stats)
 
 
 def test_bad_split_sizes_are_clear_errors(devs, start, data):
@@ -240,19 +258,22 @@ def test_main_sweep_writes_one_record_per_split(tmp_path):
     assert all(r["extra"]["round_robin"] and r["seconds"]["n"] == 1 for r in recs)
 
 
-@pytest.mark.multi_device
 def test_sweep_takes_the_split_sizes_round_robin(tmp_path, devs):
     """One model for the whole sweep, its split size changed between repeats: each step sees
-    the split size of harness.round_robin's order, and each split size has its repeats."""
+    the split size of harness.round_robin's order, and each split size has its repeats. The
+    order is the loop's, not the devices': both stages share one device, as in the one-GPU test
+    below, which then runs the programs compiled here (micro-batches of 2; its stage
+    measurements take the whole batch of 4)."""
     cfg = dataclasses.replace(at_32(args_for(tmp_path)), warmup=1, repeats=2)
-    model, seen = r50.build("pipeline", devs[:2], 1, cfg.num_classes, cfg.seed), []
+    used = stages.stage_devices(devs[:1], "pipeline")
+    model, seen = r50.build("pipeline", used, 1, cfg.num_classes, cfg.seed), []
     step = model.train_step
     model.train_step = lambda *a: seen.append(model.split_size) or step(*a)
-    sizes = (1, 2)  # two sizes show the order; each size costs XLA compilations of its own
-    runs = r50.train(model, cfg, devs[:2], harness.Repeats(cfg, sizes)).results()
+    sizes = (2, 4)  # two sizes show the order; each costs XLA compilations of its own
+    runs = r50.train(model, cfg, used, harness.Repeats(cfg, sizes)).results()
     order = harness.round_robin(sizes, cfg.warmup, cfg.repeats)
     assert seen == [s for s in order for _ in range(cfg.num_batches)]
-    assert {s: len(t.times) for s, (t, _) in runs.items()} == {1: 2, 2: 2}
+    assert {s: len(t.times) for s, (t, _) in runs.items()} == {2: 2, 4: 2}
     assert all(len(losses) == 3 * cfg.num_batches for _, losses in runs.values())
 
 

@@ -9,6 +9,22 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _threads_of_one_worker():
+    """Tests run two at a time (pytest-xdist's workers) on the machine's cores: each worker, and
+    each run it starts (OMP_NUM_THREADS, unless set already), computes with its share of them.
+    torch's default, a thread per core in every process, has each OpenMP team wait on a core
+    the other worker holds, at every one of a step's many small operators: a ResNet-50 step
+    then takes many times as long."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        import torch
+
+        share = max(1, len(os.sched_getaffinity(0)) // workers)
+        os.environ.setdefault("OMP_NUM_THREADS", str(share))
+        torch.set_num_threads(share)
+
+
 @pytest.fixture(scope="session")
 def smoke_ddp(tmp_path_factory):
     """(output, record) of resnet18 DDP on 2 CPU processes at the smoke preset: shared by the

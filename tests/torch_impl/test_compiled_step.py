@@ -1,6 +1,7 @@
 """tools/compiled_step.py: the probe of what torch's loop adds to its compiled step on a GPU
 (docs/results.md, the H200). Here eager, on a CPU: that each variant runs what it names."""
 
+import dataclasses
 import json
 
 import pytest
@@ -40,7 +41,7 @@ def test_each_variant_runs_what_it_names(monkeypatch):
     args = compiled_step.parse(ARGS)[0]
     cfg = config.get_config("resnet18", "full", batch_size=4)
     sampler = utilization.Sampler("cpu_time")
-    runs, _, _, _ = compiled_step.variants(args, cfg, torch.device("cpu"), sampler, data.load())
+    runs, _, _, _ = compiled_step.variants(args, cfg, torch.device("cpu"), sampler, _few())
     seen = {}
     for name, (prepare, run) in runs.items():
         calls.clear()
@@ -58,6 +59,20 @@ def test_each_variant_runs_what_it_names(monkeypatch):
     fused = seen["fused SGD"][0][0]
     assert fused not in (main, other) and seen["fused SGD"] == [(fused, 4)] * 4
     assert seen["loss in the graph"] == []  # its own step: checked against train_step below
+
+
+def _few():
+    """Fashion-MNIST cut to what the variants index (the partial batch's first images) and an
+    evaluation's one batch: which step each variant takes does not depend on the set's size."""
+    fm = data.load()
+    train, test = slice(2 * compiled_step.PARTIAL), slice(8)
+    return dataclasses.replace(
+        fm,
+        train_images=fm.train_images[train],
+        train_labels=fm.train_labels[train],
+        test_images=fm.test_images[test],
+        test_labels=fm.test_labels[test],
+    )
 
 
 def test_the_loss_in_the_graph_takes_the_ceilings_step():

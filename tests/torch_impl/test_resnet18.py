@@ -92,15 +92,25 @@ def _batches():
 
 def _join(rank, size, port):
     """Rank `rank` of `size` joins its group as a worker of torchrun does (launch.join)."""
+    torch.set_num_threads(1)  # as torchrun's ranks; a forked one has none of OpenMP's threads
     os.environ.update(runs.torchrun_env(rank, size, port))
     return launch.join(devices.DevicePlan(1, "cpu", True))
+
+
+def _ranks(fn, size, *args):
+    """`fn(rank, size, port, *args)` in `size` processes forked from this one: they start with
+    its modules loaded, where spawned ones would import torch (and what it loads on a first
+    training step) again, each. Spawned where this process has set CUDA up (the GPU tier): a
+    forked child cannot use CUDA then."""
+    args = (size, runs.free_port(), *args)
+    how = "spawn" if torch.cuda.is_initialized() else "fork"
+    torch.multiprocessing.start_processes(fn, args=args, nprocs=size, start_method=how)
 
 
 def _ddp_rank(rank, size, port, out):
     world = _join(rank, size, port)
     assert (world.rank, world.size, world.plan.count) == (rank, size, size)
     assert world.sum(np.array([rank, 1.0])).tolist() == [sum(range(size)), size]
-    torch.set_num_threads(1)
     x, y, steps = _batches()
     net = _bn_free_net()
     _, shard, step, _, _ = r18.ddp(net, r18.make_optimizer(net, 0.1), world)
@@ -118,17 +128,16 @@ def _ddp_rank(rank, size, port, out):
 @pytest.mark.multi_device
 def test_ddp_two_gloo_ranks_equal_one_device(tmp_path):
     """BatchNorm-free variant: BN statistics are per rank under DDP, so only without BN is the
-    N-rank step exactly the one-device step. Two steps: 4 + 4, then 2 + 2."""
-    out = tmp_path / "ddp.npz"
-    torch.multiprocessing.spawn(
-        _ddp_rank, args=(2, runs.free_port(), str(out)), nprocs=2, join=True
-    )
+    N-rank step exactly the one-device step. Two steps: 4 + 4, then 2 + 2. The one-device run
+    goes first: the ranks, forked after it, start with what its steps loaded."""
     x, y, steps = _batches()
     net = _bn_free_net()
     start = r18.get_weights(net)
     opt = r18.make_optimizer(net, 0.1)
     for idx in steps:
         r18.train_step(net, opt, torch.from_numpy(x[idx]), torch.from_numpy(y[idx]))
+    out = tmp_path / "ddp.npz"
+    _ranks(_ddp_rank, 2, str(out))
     single, ddp = r18.get_weights(net), dict(np.load(out))
     # The steps moved the weights far more than the limit: the check can see a wrong step.
     assert numerics.rel_error(single, start) > 1e3 * numerics.SAME_MATH_LIMIT
@@ -152,7 +161,7 @@ def test_ddp_wraps_the_module_only_when_there_is_something_to_all_reduce(tmp_pat
     """One rank trains the plain module (DDP's buckets and all-reduce would be pure overhead);
     two ranks get DDP (test_ddp_two_gloo_ranks_equal_one_device checks its arithmetic)."""
     out = tmp_path / "kind.txt"
-    torch.multiprocessing.spawn(_wrapped, args=(world, runs.free_port(), str(out)), nprocs=world)
+    _ranks(_wrapped, world, str(out))
     assert out.read_text() == expected
 
 

@@ -134,16 +134,23 @@ def test_model_parallel_equals_single_exactly_in_train_mode(data, start):
                 assert torch.equal(a, b)
 
 
+@pytest.fixture(scope="module")
+def single64(data, start):
+    """single's float64 step with BatchNorm on its running statistics: every split's reference."""
+    x, y = (t.double() for t in data)
+    return one_step(make("single", start, False).double(), x, y)
+
+
 @pytest.mark.numerics
 @pytest.mark.multi_device
 @pytest.mark.parametrize("split", [1, 3, BATCH])  # 3 does not divide 4: micro-batches 3 and 1
-def test_pipeline_equals_single_with_bn_on_running_stats(data, start, split):
+def test_pipeline_equals_single_with_bn_on_running_stats(data, start, single64, split):
     """Rule 1 (float64): micro-batches change the blocking of every convolution, so in float32
     the two agree only to rounding, and gradients can take other sides of ReLU kinks.
     Train-mode BatchNorm normalises each micro-batch by its own statistics (as the tutorial
     does), so only with BN on its running statistics must the results agree for every split."""
     x, y = (t.double() for t in data)
-    ref = one_step(make("single", start, False).double(), x, y)
+    ref = single64
     got = one_step(make("pipeline", start, False, split).double(), x, y)
     name = f"torch resnet50 pipeline split {split} vs single"
     numerics.check_same_math(f"{name}: output", got[0], ref[0])
