@@ -20,6 +20,11 @@ def member(group, name, code, line="", first=False, sleep=0.0):
     return group.start(name, [PY, "-c", script], first=first)
 
 
+def waits_for(path) -> str:
+    """A script's first lines: wait until `path` exists (a peer's signal that it is going)."""
+    return f"import pathlib, time\nwhile not pathlib.Path({str(path)!r}).exists(): time.sleep(0.01)"
+
+
 def test_members_that_all_ended_between_two_looks_are_still_read():
     """Every member may end before the first look (a worker failed, the scheduler then
     finished): the run must fail on the worker's line and code, never read as finished."""
@@ -38,7 +43,7 @@ def test_what_others_say_after_a_member_failed_is_not_shown(tmp_path, capsys):
     """A member's peer dies and it prints its dying words (a traceback) before the watch looks:
     they are the failure's aftermath, which the group's one line says, and are not shown."""
     gone = tmp_path / "gone"
-    wait = f"import pathlib, time\nwhile not pathlib.Path({str(gone)!r}).exists(): time.sleep(0.01)"
+    wait = waits_for(gone)
     with supervise.Group("training") as group:
         survivor = group.start("node 0", [PY, "-c", f"{wait}\ntime.sleep(0.5)\nprint('Traceback')"])
         group.start("node 1", [PY, "-c", f"open({str(gone)!r}, 'w'); print('alive'); exit(1)"])
@@ -52,7 +57,7 @@ def test_a_traceback_waits_for_the_peer_failure_it_follows(tmp_path, capsys):
     launcher, before the launcher fails): the survivor's traceback can come first. It waits a
     moment for a peer's failure, and is not shown when one comes."""
     gone = tmp_path / "gone"
-    wait = f"import pathlib, time\nwhile not pathlib.Path({str(gone)!r}).exists(): time.sleep(0.01)"
+    wait = waits_for(gone)
     dying = (
         "print('Traceback (most recent call last):\\n  File x\\nConnectionResetError', flush=True)"
     )
@@ -70,7 +75,7 @@ def test_of_members_that_failed_between_two_looks_the_first_to_end_is_named(tmp_
     """Node 1 is killed and node 0, its peer gone, fails a moment later: by the next look both
     have ended, and the run names node 1, whatever the members' order."""
     gone = tmp_path / "gone"
-    wait = f"import pathlib, time\nwhile not pathlib.Path({str(gone)!r}).exists(): time.sleep(0.01)"
+    wait = waits_for(gone)
     with supervise.Group("training") as group:
         group.start("node 0", [PY, "-c", f"{wait}\ntime.sleep(0.3)\nexit(1)"])
         group.start("node 1", [PY, "-c", f"open({str(gone)!r}, 'w'); exit(9)"])
