@@ -114,6 +114,14 @@ TIER_test-slow := slow
 # would each compile.
 PYTEST_WORKERS ?= 2
 xdist = $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist $(if $(filter jax,$(1)),loadfile,loadgroup))
+# JAX's persistent compilation cache, for the tests only: a program that one test process
+# compiled (an xdist worker, a run a test starts, an earlier `make test`) is read back by the
+# next instead of compiled again. The benchmarks keep compiling, as a user's first run does.
+# The size limit makes JAX lock the cache's files (filelock): the workers share it.
+TEST_CACHE := $(CURDIR)/build/test-cache
+test test-slow numerics: export JAX_COMPILATION_CACHE_DIR := $(TEST_CACHE)/jax
+test test-slow numerics: export JAX_COMPILATION_CACHE_MAX_SIZE := 2000000000
+test test-slow numerics: export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS := 0.1
 .PHONY: test-slow test-all
 test test-slow: setup
 	@status=0; start=$$(date +%s); $(READY); \
@@ -249,4 +257,4 @@ info: $(VENV)/base/.stamp
 	done
 
 clean:
-	rm -rf $(REPORTS) .pytest_cache .ruff_cache
+	rm -rf $(REPORTS) .pytest_cache .ruff_cache $(TEST_CACHE)

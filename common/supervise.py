@@ -200,6 +200,7 @@ class Group:
         if grace > 0:
             for m in self.members:
                 _signal(m, signal.SIGTERM)
+                _signal(m, signal.SIGCONT)  # a stopped process acts on SIGTERM once continued
             end = time.monotonic() + grace
             while time.monotonic() < end and any(_left(m) for m in self.members):
                 time.sleep(POLL_S)

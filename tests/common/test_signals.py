@@ -1,6 +1,7 @@
 """A command stopped while it still imports (numpy, then its framework), before its run's own
 stop handling starts: compare.run's SIGINT to a run it has just started, a user's SIGTERM."""
 
+import os
 import signal
 import subprocess
 import sys
@@ -40,3 +41,18 @@ def test_a_stop_while_the_command_imports_is_one_line_and_its_code(framework, st
     assert err.strip().splitlines() == [signals.STOPPED], err
     assert proc.returncode == 128 + stop
     assert not (tmp_path / "r.jsonl").exists()
+
+
+def test_a_process_whose_launcher_went_before_it_looked_ends():
+    """watch_launcher compares the parent with the launcher's pid passed down, not with the
+    parent it finds: a process whose launcher died before it looked (it was reparented
+    already) still ends. Here the pid passed down is a process that has ended."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    code = "import time; from common import signals; signals.watch_launcher(); time.sleep(60)"
+    env = {**os.environ, signals.PARENT_ENV: str(gone.pid)}
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env)
+    try:
+        assert proc.wait(timeout=10) == -signal.SIGTERM
+    finally:
+        proc.kill()
