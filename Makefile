@@ -104,6 +104,7 @@ READY = ready() { [ -e $(VENV)/$$1/.stamp ] && return; \
 # Two tiers that together run every test once: `make test`, every test not marked `slow` (the
 # suite a contributor runs after each change, minutes), and `make test-slow`, the slow ones and
 # the framework-free suites again under MXNet's numpy 1.23. `make test-all` (CI) runs both.
+# Each suite prints its seconds and its five slowest tests: a log says where the time went.
 TIER_test := not slow
 TIER_test-slow := slow
 # pytest-xdist: two tests at a time. Most wait on one core (an import, a compilation, another
@@ -131,7 +132,7 @@ test test-slow: setup
 	@status=0; start=$$(date +%s); $(READY); \
 	run() { echo "== pytest in $(VENV)/$$1: $${@:3}"; local t=$$(date +%s) x="$(xdist)"; \
 	        if [ $$1 = jax ]; then x="$(call xdist,jax)"; fi; \
-	        $(VENV)/$$1/bin/python -m pytest -q $$x -m "$$2" "$${@:3}"; rc=$$?; \
+	        $(VENV)/$$1/bin/python -m pytest -q --durations=5 $$x -m "$$2" "$${@:3}"; rc=$$?; \
 	        if [ $$rc -eq 5 ]; then rc=0; fi; \
 	        if [ $$rc -ne 0 ]; then echo "== FAILED in $$1 (exit $$rc)"; status=1; fi; \
 	        echo "== pytest in $(VENV)/$$1: $$(( $$(date +%s) - t )) s"; }; \
