@@ -172,6 +172,7 @@ def _stopped_as_by_ctrl_c(procs, results):
             _, err = p.communicate(timeout=90)
             assert p.returncode == 128 + signal.SIGTERM, err
             assert err.strip().splitlines()[-1] == interrupt.LAST_LINE, err
+            assert err.count(interrupt.LAST_LINE) == 1, err
     finally:
         for p in procs:
             if p.poll() is None:

@@ -19,6 +19,16 @@ def test_a_stop_signal_ends_the_run_and_its_workers(tmp_path, signum):
     stopping.check_stop_signal(DDP, tmp_path, signum, others=["torch_impl.torchrun"])
 
 
+@pytest.mark.parametrize("strategy", ["gpipe", "1f1b"])
+def test_a_stop_signal_ends_a_pipelined_run_and_its_workers(tmp_path, strategy):
+    """resnet50's pipelines over torchrun, stopped once both stages' workers compute."""
+    command = [*GPIPE[:-1], strategy]
+    ready = stopping.torchrun_workers_listening(2)
+    stopping.check_stop_signal(
+        command, tmp_path, signal.SIGTERM, others=["torch_impl.torchrun"], ready=ready
+    )
+
+
 @pytest.mark.parametrize("at_the_end", [False, True], ids=["training", "leaving"])
 def test_a_launcher_killed_outright_takes_torchrun_and_the_workers_along(tmp_path, at_the_end):
     """Killed while the workers train, or as they leave (torchrun then waits at its exit barrier
