@@ -99,7 +99,7 @@ def run(framework: str, main: Callable, argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return cli.EXIT_BAD_INPUT
     except KeyboardInterrupt:
-        print(signals.STOPPED, file=sys.stderr)
+        signals.say_stopped()
         return cli.EXIT_INTERRUPTED
     return 0
 

@@ -196,7 +196,7 @@ def run(
         print(f"error: {e}", file=sys.stderr)
         return exit_code(e)
     except KeyboardInterrupt as e:
-        print(signals.STOPPED, file=sys.stderr)
+        signals.say_stopped()
         return signals.exit_code(e)
     return 0
 

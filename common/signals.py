@@ -25,6 +25,30 @@ _TAKEN: list[int] = []  # the stop signals this process's main thread took up
 STOPPED = "interrupted; no record written"
 
 
+_SAY = threading.Lock()
+_SAID: list[bool] = []
+
+
+def say_stopped(raw: bool = False) -> None:
+    """Say STOPPED on stderr, once per process: a main thread that takes its stop up late and
+    the watchdog that gave up waiting for it both come to say it. The watchdog (`raw`) writes
+    to file descriptor 2 itself, past sys.stderr's lock, which a stuck main thread may hold,
+    and its wait for the once-lock is bounded: it ends the process whatever the main thread
+    does."""
+    if not _SAY.acquire(timeout=1):
+        return
+    try:
+        if not _SAID:
+            _SAID.append(True)
+            with contextlib.suppress(OSError, ValueError):  # stderr closed with a killed launcher
+                if raw:
+                    os.write(2, f"{STOPPED}\n".encode())
+                else:
+                    print(STOPPED, file=sys.stderr, flush=True)
+    finally:
+        _SAY.release()
+
+
 class Stopped(KeyboardInterrupt):
     """A stop signal other than SIGINT, raised where Ctrl-C raises KeyboardInterrupt."""
 
@@ -49,6 +73,7 @@ def as_interrupt(grace: float = GRACE) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    _SAID.clear()  # a new run (several run in one process under test): its stop says the line
     taken = threading.Event()
 
     def handler(signum, frame):
@@ -82,7 +107,7 @@ def main(run: Callable[[], int]) -> int:
     try:
         return run()
     except KeyboardInterrupt as e:
-        print(STOPPED, file=sys.stderr)
+        say_stopped()
         return exit_code(e)
     finally:  # a second stop while the process exits ends it at once, as it would have
         for s in STOPS:
@@ -135,8 +160,7 @@ def _watchdog(read: int, taken: threading.Event, grace: float) -> None:
                     goodbye = threading.Thread(target=leave, daemon=True)
                     goodbye.start()
                     goodbye.join(LEAVE_BOUND)
-                with contextlib.suppress(OSError):  # stderr closed with a killed launcher
-                    os.write(2, f"{STOPPED}\n".encode())
+                say_stopped(raw=True)
                 os._exit(128 + signum)
 
 

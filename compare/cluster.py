@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         print(e.line, file=sys.stderr)
         return e.code
     except KeyboardInterrupt as e:
-        print(signals.STOPPED, file=sys.stderr)
+        signals.say_stopped()
         return signals.exit_code(e)
     return 0
 

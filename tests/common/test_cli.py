@@ -136,6 +136,29 @@ def test_a_goodbye_is_said_however_the_process_ends(stuck):
     assert done.stdout.split() == ["goodbye"]
 
 
+def test_a_stop_taken_up_late_is_said_once():
+    """A main thread back from native code after the grace takes its stop up while the
+    watchdog, which gave up on it, says its goodbye: both come to say the line, and the
+    process says it once."""
+    code = (
+        "import os, signal, sys, time\n"
+        "from common import signals\n"
+        "signals.on_leaving(lambda: time.sleep(1))  # the watchdog's goodbye takes a while\n"
+        "def run():\n"
+        "    with signals.as_interrupt(grace=0.2):\n"
+        "        signal.signal(signal.SIGTERM, lambda *a: None)  # not taken up in time\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        time.sleep(0.6)  # the watchdog is in its goodbye\n"
+        "        raise signals.Stopped(signal.SIGTERM)  # back from native code: taken up\n"
+        "sys.exit(signals.main(run))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, cwd=ROOT
+    )
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr
+    assert done.stderr == "interrupted; no record written\n"
+
+
 def test_a_goodbye_asked_for_twice_is_said_once(monkeypatch):
     """A main thread back from native code while the watchdog says goodbye (a second goodbye
     would cancel the first) waits for it to be said, and says it no more."""
