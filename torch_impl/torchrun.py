@@ -10,7 +10,8 @@ On one machine the launcher hosts the rendezvous store (launch._loopback). A lau
 outright takes the store along, and torchrun's next store call fails (its exit barrier, its
 rendezvous keep-alive): c10's warning with a C++ stack, then logged tracebacks, on a terminal
 whose command has ended. torchrun stops its workers without a word then: its C++ warnings are
-off where the store is the launcher's, and its logging says nothing once its launcher is gone.
+off where the store is the launcher's, its logging says nothing once its launcher is gone,
+and an error out of its agent then (the store's) ends it without a traceback.
 """
 
 import contextlib
@@ -18,6 +19,7 @@ import logging
 import os
 import signal
 import sys
+import time
 
 from common import signals
 from torch_impl import launch
@@ -49,6 +51,13 @@ def main() -> int:
             how = f"signal {failure.signal_name()}"
         print(f"torchrun: worker rank {rank} ended with {how}", file=sys.stderr)
         return 1
+    except Exception:
+        # The store went with its launcher, and torchrun's next call to it (its rendezvous
+        # keep-alive) can fail before the watch sees the launcher gone: the same quiet end.
+        if launcher is None or not _gone(launcher):
+            raise
+        _silence()
+        return 128 + signal.SIGTERM
     return 0
 
 
@@ -77,11 +86,25 @@ def _quiet_without(launcher: int) -> None:
         handler.addFilter(lambda record: os.getppid() == launcher)
 
 
-def _stop_quietly() -> None:
-    """Its launcher gone: stdout and stderr to /dev/null, then the SIGTERM that stops it."""
+def _gone(launcher: int, bound: float = 1.0) -> bool:
+    """Whether `launcher` is gone, or goes within `bound` s: a process killed outright closes
+    its sockets before its children are given another parent."""
+    end = time.monotonic() + bound
+    while os.getppid() == launcher and time.monotonic() < end:
+        time.sleep(0.05)
+    return os.getppid() != launcher
+
+
+def _silence() -> None:
+    """stdout and stderr to /dev/null: the terminal's command has ended."""
     null = os.open(os.devnull, os.O_WRONLY)
     for fd in (1, 2):
         os.dup2(null, fd)
+
+
+def _stop_quietly() -> None:
+    """Its launcher gone: silent, then the SIGTERM that stops it."""
+    _silence()
     os.kill(os.getpid(), signal.SIGTERM)
 
 
