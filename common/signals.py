@@ -30,7 +30,7 @@ _SAID: list[bool] = []
 
 
 def say_stopped(raw: bool = False) -> None:
-    """Say STOPPED on stderr, once per process: a main thread that takes its stop up late and
+    """Say STOPPED on stderr, once per run: a main thread that takes its stop up late and
     the watchdog that gave up waiting for it both come to say it. The watchdog (`raw`) writes
     to file descriptor 2 itself, past sys.stderr's lock, which a stuck main thread may hold,
     and its wait for the once-lock is bounded: it ends the process whatever the main thread
