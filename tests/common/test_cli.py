@@ -93,6 +93,15 @@ def test_an_ignored_hangup_stays_ignored():
         signal.signal(signal.SIGHUP, before)
 
 
+def stopped_by_sigterm(code: str) -> subprocess.CompletedProcess:
+    """`python -c code` run to its end, which SIGTERM's exit code must be."""
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, cwd=ROOT
+    )
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr
+    return done
+
+
 def test_a_main_thread_stuck_in_native_code_is_ended_by_the_watchdog(tmp_path):
     """A process whose main thread never returns to Python after a stop signal (a collective
     waiting for a peer that is gone) still ends, with the line and 128 + the signal's number:
@@ -105,10 +114,7 @@ def test_a_main_thread_stuck_in_native_code_is_ended_by_the_watchdog(tmp_path):
         "    os.kill(os.getpid(), signal.SIGTERM)\n"
         "    time.sleep(10)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, cwd=ROOT
-    )
-    assert done.returncode == 128 + signal.SIGTERM, done.stderr
+    done = stopped_by_sigterm(code)
     assert done.stderr.strip() == "interrupted; no record written"
 
 
@@ -129,10 +135,7 @@ def test_a_goodbye_is_said_however_the_process_ends(stuck):
         "except KeyboardInterrupt:\n"
         "    raise SystemExit(143)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, cwd=ROOT
-    )
-    assert done.returncode == 128 + signal.SIGTERM, done.stderr
+    done = stopped_by_sigterm(code)
     assert done.stdout.split() == ["goodbye"]
 
 
@@ -152,10 +155,7 @@ def test_a_stop_taken_up_late_is_said_once():
         "        raise signals.Stopped(signal.SIGTERM)  # back from native code: taken up\n"
         "sys.exit(signals.main(run))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, cwd=ROOT
-    )
-    assert done.returncode == 128 + signal.SIGTERM, done.stderr
+    done = stopped_by_sigterm(code)
     assert done.stderr == "interrupted; no record written\n"
 
 
