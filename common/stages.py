@@ -6,9 +6,35 @@ measuring and records are common.harness's (Repeats).
 
 from common import config, flops, harness, profiling
 
-# ResNet-50 cut into a sequence of blocks: the stem, the 16 bottlenecks, the head.
 LAYERS = flops.RESNET50_LAYERS
-BLOCKS = ("stem", *(f"{name}.{i}" for name, _, n, _ in LAYERS for i in range(n)), "head")
+DEPTHS = tuple(n for _, _, n, _ in LAYERS)  # bottlenecks per layer: torchvision's [3, 4, 6, 3]
+
+
+def blocks_of(depths=DEPTHS):
+    """A ResNet-50 cut into a sequence of blocks: the stem, the bottlenecks, the head. `depths`
+    keeps the first few bottlenecks of each layer (at least one: it changes the shape): a
+    shallower network with every kind of block and the same stages, for tests of what happens
+    between the stages, where the depth only costs time."""
+    if len(depths) != len(LAYERS) or not all(
+        1 <= d <= n for d, n in zip(depths, DEPTHS, strict=True)
+    ):
+        raise ValueError(f"depths must be {len(LAYERS)} numbers from 1 to {DEPTHS}, got {depths}")
+    names = [name for name, *_ in LAYERS]
+    return (
+        "stem",
+        *(f"{name}.{i}" for name, d in zip(names, depths, strict=True) for i in range(d)),
+        "head",
+    )
+
+
+BLOCKS = blocks_of()  # the stem, the 16 bottlenecks, the head
+
+
+def blocks_in(model):
+    """The blocks of a torch or Gluon ResNet-50 (`model.layer1`..`layer4` are sequences)."""
+    return blocks_of(tuple(len(getattr(model, name)) for name, *_ in LAYERS))
+
+
 DEFAULT = ("single", "model_parallel", "pipeline")
 PIPELINED = ("pipeline", "gpipe", "1f1b")  # the strategies that cut the batch into micro-batches
 
@@ -22,23 +48,25 @@ def block_flops(image_size=224, num_classes=1000):
     return list(per_block.values())
 
 
-def stage_blocks(n_stages):
-    """The names of the blocks of each stage. Two stages: the tutorial's split exactly (stem +
-    layer1 + layer2 | layer3 + layer4 + avgpool + fc). Otherwise contiguous stages balanced by
-    FLOPs (at 224x224): the slowest stage sets a pipeline's pace, and FLOPs track time where
-    parameter counts do not (layer4 holds 58% of the parameters but 20% of the FLOPs)."""
-    if not 1 <= n_stages <= len(BLOCKS):
+def stage_blocks(n_stages, blocks=BLOCKS):
+    """The names of the blocks (of `blocks`, in order) of each stage. Two stages: the tutorial's
+    split exactly (stem + layer1 + layer2 | layer3 + layer4 + avgpool + fc). Otherwise
+    contiguous stages balanced by FLOPs (at 224x224): the slowest stage sets a pipeline's pace,
+    and FLOPs track time where parameter counts do not (layer4 holds 58% of the parameters but
+    20% of the FLOPs)."""
+    if not 1 <= n_stages <= len(blocks):
         raise config.ConfigError(
-            f"ResNet-50 has {len(BLOCKS)} blocks to place; use 1 to {len(BLOCKS)} devices, "
+            f"ResNet-50 has {len(blocks)} blocks to place; use 1 to {len(blocks)} devices, "
             f"got {n_stages}"
         )
     if n_stages == 2:
-        cut = BLOCKS.index("layer3.0")
-        return [BLOCKS[:cut], BLOCKS[cut:]]
+        cut = blocks.index("layer3.0")
+        return [blocks[:cut], blocks[cut:]]
+    per_block = dict(zip(BLOCKS, block_flops(), strict=True))
     prefix = [0]
-    for f in block_flops():
-        prefix.append(prefix[-1] + f)
-    n = len(BLOCKS)
+    for b in blocks:
+        prefix.append(prefix[-1] + per_block[b])
+    n = len(blocks)
     # best[k, j]: (largest stage FLOPs, cut points) for the first j blocks in k stages
     best = {(0, 0): (0, ())}
     for k in range(1, n_stages + 1):
@@ -49,7 +77,7 @@ def stage_blocks(n_stages):
                 if (k - 1, i) in best
             )
     cuts = (0, *best[n_stages, n][1])
-    return [BLOCKS[a:b] for a, b in zip(cuts, cuts[1:], strict=False)]
+    return [blocks[a:b] for a, b in zip(cuts, cuts[1:], strict=False)]
 
 
 def choose_strategies(args, n_devices, available, framework, one_gpu=False):

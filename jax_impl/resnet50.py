@@ -18,7 +18,7 @@ import numpy as np
 from flax import traverse_util
 
 from common import config, stages, timing
-from common.stages import stage_blocks
+from common.stages import DEPTHS, blocks_of, stage_blocks
 from jax_impl import devices as jdev
 from jax_impl import weights as jweights
 from jax_impl.resnet import ResNet50
@@ -55,9 +55,9 @@ def train_toy(devices, lr=0.001, seed=0):
     return jax.tree.map(lambda p, g: p - lr * g, params, grads), float(loss)
 
 
-def resnet50(num_classes=1000, seed=0):
-    """The module and its variables: a flax module holds no weights, so both are returned."""
-    model = ResNet50(num_classes)
+def resnet50(num_classes=1000, seed=0, depths=DEPTHS):
+    """The module and its variables (a flax module holds none); `depths`: stages.blocks_of."""
+    model = ResNet50(num_classes, blocks_of(depths))
     # eval_shape + numpy (lecun-normal kernels): model.init would compile a whole forward
     x = jax.ShapeDtypeStruct((1, 32, 32, 3), jnp.float32)
     shapes = jax.eval_shape(partial(model.init, train=False), jax.random.key(0), x)
@@ -94,7 +94,7 @@ def split_into_stages(model, variables, devices):
 
     flat = {col: traverse_util.flatten_dict(tree) for col, tree in variables.items()}
     placed = []
-    for blocks, device in zip(stage_blocks(len(devices)), devices, strict=True):
+    for blocks, device in zip(stage_blocks(len(devices), model.blocks), devices, strict=True):
         part = {col: {k: v for k, v in f.items() if block(k) in blocks} for col, f in flat.items()}
         part = {col: traverse_util.unflatten_dict(f) for col, f in part.items()}
         # a copy (may_alias=False): sgd donates the stage's buffers, the caller keeps its own
@@ -153,9 +153,9 @@ class ModelParallelResNet50:
 
     split_size = None  # the whole batch at once
 
-    def __init__(self, devices, variables, num_classes=1000):
+    def __init__(self, devices, variables, num_classes=1000, depths=DEPTHS):
         self.devices = list(devices)
-        parts = split_into_stages(ResNet50(num_classes), variables, self.devices)
+        parts = split_into_stages(ResNet50(num_classes, blocks_of(depths)), variables, devices)
         self.modules = [m for m, _ in parts]
         self.params = [v["params"] for _, v in parts]
         self.stats = [v["batch_stats"] for _, v in parts]
@@ -208,8 +208,8 @@ class PipelineParallelResNet50(ModelParallelResNet50):
     """The batch cut into micro-batches of `split_size` (the last may be smaller): while stage
     s+1 works on micro-batch i, stage s works on i+1 (dispatch is asynchronous: both queued)."""
 
-    def __init__(self, devices, variables, split_size=20, num_classes=1000):
-        super().__init__(devices, variables, num_classes)
+    def __init__(self, devices, variables, split_size=20, num_classes=1000, depths=DEPTHS):
+        super().__init__(devices, variables, num_classes, depths)
         self.split_size = split_size
 
     def schedule(self, n, m):
@@ -257,7 +257,7 @@ def measure_stages(model, cfg, repeats=3):
         x, _ = forward(*stage, model.train_bn)
     return {
         "num_stages": n,
-        "stage_blocks": [list(b) for b in stage_blocks(n)],
+        "stage_blocks": [list(m.blocks) for m in model.modules],
         "stage_seconds": seconds,
         "stage_params": [sum(leaf.size for leaf in jax.tree.leaves(p)) for p in model.params],
         "stage_peak_memory_bytes": memory,
@@ -280,12 +280,12 @@ def train(model, cfg, devices, repeats, train_bn=True):
     return repeats
 
 
-def build(strategy, devices, split_size, num_classes, seed=0):
-    _, variables = resnet50(num_classes, seed)
+def build(strategy, devices, split_size, num_classes, seed=0, depths=DEPTHS):
+    _, variables = resnet50(num_classes, seed, depths)
     if strategy == "pipeline":
-        return PipelineParallelResNet50(devices, variables, split_size, num_classes)
+        return PipelineParallelResNet50(devices, variables, split_size, num_classes, depths)
     # single: one stage on one device, the plain single-device program
-    return ModelParallelResNet50(devices, variables, num_classes)
+    return ModelParallelResNet50(devices, variables, num_classes, depths)
 
 
 def measure(args, cfg, devices, strategy, repeats):

@@ -4,7 +4,7 @@ parameter names), so the weights line up by name."""
 
 from mxnet.gluon import nn
 
-from common.stages import LAYERS
+from common.stages import DEPTHS, LAYERS
 
 
 def batch_norm(channels):
@@ -36,14 +36,16 @@ class Bottleneck(nn.HybridBlock):
 
 
 class ResNet(nn.HybridBlock):
-    def __init__(self, num_classes=1000):
+    """`depths`: bottlenecks per layer (common.stages.blocks_of)."""
+
+    def __init__(self, num_classes=1000, depths=DEPTHS):
         super().__init__()
         self.conv1 = nn.Conv2D(64, 7, 2, 3, use_bias=False, in_channels=3)
         self.bn1 = batch_norm(64)
         self.relu = nn.Activation("relu")
         self.maxpool = nn.MaxPool2D(3, 2, 1)
         inplanes = 64
-        for name, planes, n, stride in LAYERS:
+        for (name, planes, _, stride), n in zip(LAYERS, depths, strict=True):
             layer = nn.HybridSequential()
             for i in range(n):
                 layer.add(Bottleneck(inplanes, planes, stride if i == 0 else 1, i == 0))

@@ -16,7 +16,7 @@ from mxnet import autograd, gluon, nd
 from mxnet.gluon import nn
 
 from common import config, stages, timing
-from common.stages import stage_blocks
+from common.stages import DEPTHS, blocks_in, stage_blocks
 from mxnet_impl import devices as mdev
 from mxnet_impl import weights as mweights
 from mxnet_impl.resnet import ResNet
@@ -62,9 +62,10 @@ def train_toy(devices, lr=0.001, seed=0):
     return model, loss.asscalar()
 
 
-def resnet50(num_classes=1000):
-    """ResNet-50 (Bottleneck, [3, 4, 6, 3]) as torchvision builds it, not yet initialised."""
-    return ResNet(num_classes)
+def resnet50(num_classes=1000, depths=DEPTHS):
+    """ResNet-50 (Bottleneck, [3, 4, 6, 3]) as torchvision builds it, not yet initialised.
+    `depths`: bottlenecks per layer (common.stages.blocks_of)."""
+    return ResNet(num_classes, depths)
 
 
 INIT = mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2)  # He normal
@@ -91,7 +92,7 @@ def split_into_stages(model, devices):
         "head": [model.avgpool, model.fc],
     }
     per_device = []
-    for names, device in zip(stage_blocks(len(devices)), devices, strict=True):
+    for names, device in zip(stage_blocks(len(devices), blocks_in(model)), devices, strict=True):
         stage = nn.HybridSequential()
         for b in names:
             layer, _, i = b.partition(".")
@@ -105,8 +106,8 @@ def split_into_stages(model, devices):
 class ModelParallelResNet50(ResNet):
     """Stage i on devices[i]; the activation moves to the next context between stages."""
 
-    def __init__(self, devices, num_classes=1000):
-        super().__init__(num_classes)
+    def __init__(self, devices, num_classes=1000, depths=DEPTHS):
+        super().__init__(num_classes, depths)
         self.devices = list(devices)
         # A plain list, not registered children: the stages share the model's blocks, and
         # registering them again would give every weight a second name (Gluon's collect_params
@@ -124,8 +125,8 @@ class PipelineParallelResNet50(ModelParallelResNet50):
     stage s+1 works on micro-batch i, stage s works on micro-batch i+1 (the engine queues both
     and runs each context's work on its own threads)."""
 
-    def __init__(self, devices, split_size=20, num_classes=1000):
-        super().__init__(devices, num_classes)
+    def __init__(self, devices, split_size=20, num_classes=1000, depths=DEPTHS):
+        super().__init__(devices, num_classes, depths)
         self.split_size = split_size
 
     def forward(self, x):
@@ -179,7 +180,7 @@ def measure_stages(model, cfg, repeats=3):
             x = stage(x).detach()
     return {
         "num_stages": len(model.stages),
-        "stage_blocks": [list(b) for b in stage_blocks(len(model.stages))],
+        "stage_blocks": [list(b) for b in stage_blocks(len(model.stages), blocks_in(model))],
         "stage_seconds": seconds,
         "stage_params": params,
         "stage_peak_memory_bytes": memory,
@@ -222,15 +223,15 @@ def train(model, cfg, devices, repeats, train_bn=True):
     return repeats
 
 
-def build(strategy, devices, split_size, num_classes):
+def build(strategy, devices, split_size, num_classes, depths=DEPTHS):
     if strategy == "single":
-        model = resnet50(num_classes)
+        model = resnet50(num_classes, depths)
         model.initialize(INIT, ctx=devices[0])
         model.hybridize()
         return model
     if strategy == "model_parallel":
-        return ModelParallelResNet50(devices, num_classes)
-    return PipelineParallelResNet50(devices, split_size, num_classes)
+        return ModelParallelResNet50(devices, num_classes, depths)
+    return PipelineParallelResNet50(devices, split_size, num_classes, depths)
 
 
 def measure(args, cfg, devices, strategy, repeats):

@@ -14,7 +14,7 @@ from torch import nn, optim
 from torchvision.models.resnet import Bottleneck, ResNet
 
 from common import config, stages, timing
-from common.stages import stage_blocks
+from common.stages import DEPTHS, blocks_in, stage_blocks
 from torch_impl import devices as tdev
 from torch_impl import launch, pipelining
 from torch_impl import weights as tweights
@@ -53,9 +53,10 @@ def train_toy(devices, lr=0.001, seed=0):
     return model, loss.item()
 
 
-def resnet50(num_classes=1000):
-    """torchvision's ResNet-50 (Bottleneck, [3, 4, 6, 3]), as the tutorial builds it."""
-    return ResNet(Bottleneck, [3, 4, 6, 3], num_classes=num_classes)
+def resnet50(num_classes=1000, depths=DEPTHS):
+    """torchvision's ResNet-50 (Bottleneck, [3, 4, 6, 3]), as the tutorial builds it.
+    `depths`: bottlenecks per layer (common.stages.blocks_of)."""
+    return ResNet(Bottleneck, list(depths), num_classes=num_classes)
 
 
 def get_weights(model):
@@ -78,7 +79,7 @@ def split_into_stages(model, devices):
         "head": [model.avgpool, nn.Flatten(1), model.fc],
     }
     stages = []
-    for names, device in zip(stage_blocks(len(devices)), devices, strict=True):
+    for names, device in zip(stage_blocks(len(devices), blocks_in(model)), devices, strict=True):
         layers = [m for b in names for m in (parts[b] if b in parts else [model.get_submodule(b)])]
         stages.append(nn.Sequential(*layers).to(device))
     return stages
@@ -87,8 +88,8 @@ def split_into_stages(model, devices):
 class ModelParallelResNet50(ResNet):
     """Stage i on devices[i]; the activation moves to the next device between stages."""
 
-    def __init__(self, devices, num_classes=1000):
-        super().__init__(Bottleneck, [3, 4, 6, 3], num_classes=num_classes)
+    def __init__(self, devices, num_classes=1000, depths=DEPTHS):
+        super().__init__(Bottleneck, list(depths), num_classes=num_classes)
         self.devices = list(devices)
         # A plain list, not a ModuleList: the stages share the model's layers, and registering
         # them again would give every weight a second name in state_dict().
@@ -105,8 +106,8 @@ class PipelineParallelResNet50(ModelParallelResNet50):
     stage s+1 works on micro-batch i, stage s works on micro-batch i+1 (CUDA launches are
     asynchronous, so both devices run at once; on CPU the ops run one after another)."""
 
-    def __init__(self, devices, split_size=20, num_classes=1000):
-        super().__init__(devices, num_classes)
+    def __init__(self, devices, split_size=20, num_classes=1000, depths=DEPTHS):
+        super().__init__(devices, num_classes, depths)
         self.split_size = split_size
 
     def forward(self, x):
@@ -162,7 +163,7 @@ def measure_stages(model, cfg, repeats=3):
     source = "max_memory_allocated" if model.devices[0].type == "cuda" else "param_grad_bytes"
     return {
         "num_stages": len(model.stages),
-        "stage_blocks": [list(b) for b in stage_blocks(len(model.stages))],
+        "stage_blocks": [list(b) for b in stage_blocks(len(model.stages), blocks_in(model))],
         "stage_seconds": seconds,
         "stage_params": params,
         "stage_peak_memory_bytes": memory,
@@ -189,12 +190,12 @@ def train(model, cfg, devices, repeats, train_bn=True):
     return repeats
 
 
-def build(strategy, devices, split_size, num_classes):
+def build(strategy, devices, split_size, num_classes, depths=DEPTHS):
     if strategy == "single":
-        return resnet50(num_classes).to(devices[0])
+        return resnet50(num_classes, depths).to(devices[0])
     if strategy == "model_parallel":
-        return ModelParallelResNet50(devices, num_classes)
-    return PipelineParallelResNet50(devices, split_size, num_classes)
+        return ModelParallelResNet50(devices, num_classes, depths)
+    return PipelineParallelResNet50(devices, split_size, num_classes, depths)
 
 
 def measure(args, cfg, devices, strategy, repeats):

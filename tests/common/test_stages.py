@@ -26,6 +26,17 @@ def test_too_many_stages_is_a_config_error():
         stages.stage_blocks(19)
 
 
+def test_a_shallower_network_keeps_each_layers_first_blocks_and_the_tutorials_cut():
+    blocks = stages.blocks_of((1, 2, 1, 1))
+    assert blocks == ("stem", "layer1.0", "layer2.0", "layer2.1", "layer3.0", "layer4.0", "head")
+    assert stages.stage_blocks(2, blocks) == [blocks[:4], blocks[4:]]
+    parts = stages.stage_blocks(3, blocks)
+    assert [b for s in parts for b in s] == list(blocks) and len(parts) == 3
+    for depths in ((0, 4, 6, 3), (3, 5, 6, 3), (3, 4, 6)):
+        with pytest.raises(ValueError, match="depths must be 4 numbers"):
+            stages.blocks_of(depths)
+
+
 def args(strategy=None, sweep=False, amp="off"):
     return SimpleNamespace(strategy=strategy, sweep=sweep, amp=amp)
 

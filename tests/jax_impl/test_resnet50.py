@@ -3,6 +3,7 @@ device, the committed forward fixture, main's records and refusals.
 Two virtual CPU devices come from tests/jax_impl/conftest.py."""
 
 import dataclasses
+import functools
 import json
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from tests.fixtures import numerics, runs
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 BATCH = 4
+DEPTHS = runs.RESNET50_DEPTHS
 HOOKS = load("resnet50")[1]  # what python -m jax_impl hands to main: harness.Hooks
 
 
@@ -73,6 +75,12 @@ def test_toy_model_one_step_matches_numpy(devs):
 @pytest.fixture(scope="module")
 def start():
     return r50.resnet50(seed=0)[1]
+
+
+@pytest.fixture(scope="module")
+def shallow():
+    """The variables of runs.RESNET50_DEPTHS's network, for the tests of the stages' arithmetic."""
+    return r50.resnet50(seed=0, depths=DEPTHS)[1]
 
 
 def test_parameter_count_names_and_tutorial_split(start):
@@ -165,28 +173,32 @@ def compare(name, got, ref):
 
 @pytest.mark.numerics
 @pytest.mark.multi_device
-def test_model_parallel_equals_single_in_train_mode(devs, start, data):
+def test_model_parallel_equals_single_in_train_mode(devs, shallow, data):
     """Rule 1 (float64): one jit against a jit per stage differ in XLA's fusion choices, so in
     float32 they agree only to rounding; in float64 to 2**-24."""
     with jax.enable_x64(True):
-        start = _as(start, jnp.float64)
-        ref = one_step(r50.ModelParallelResNet50(devs[:1], start), True, *data)
+        start = _as(shallow, jnp.float64)
+        ref = one_step(r50.ModelParallelResNet50(devs[:1], start, depths=DEPTHS), True, *data)
         # The step moved the weights far more than the limit: the check can see a wrong step.
         moved = numerics.rel_error(ref[2], vector(r50.get_weights(start)))
         assert moved > 1e3 * numerics.SAME_MATH_LIMIT, moved
         for name, model in (
-            ("model_parallel", r50.ModelParallelResNet50(devs, start)),
-            ("pipeline one micro-batch", r50.PipelineParallelResNet50(devs, start, BATCH)),
+            ("model_parallel", r50.ModelParallelResNet50(devs, start, depths=DEPTHS)),
+            (
+                "pipeline one micro-batch",
+                r50.PipelineParallelResNet50(devs, start, BATCH, 1000, DEPTHS),
+            ),
         ):
             compare(f"jax resnet50 {name} vs single", one_step(model, True, *data), ref)
 
 
 @pytest.fixture(scope="module")
-def single_on_running_stats(devs, start, data):
+def single_on_running_stats(devs, shallow, data):
     """One device's float64 step with BatchNorm on its running statistics: every split size's
     reference, computed once."""
     with jax.enable_x64(True):
-        return one_step(r50.ModelParallelResNet50(devs[:1], _as(start, jnp.float64)), False, *data)
+        model = r50.ModelParallelResNet50(devs[:1], _as(shallow, jnp.float64), depths=DEPTHS)
+        return one_step(model, False, *data)
 
 
 @pytest.mark.numerics
@@ -195,15 +207,15 @@ def single_on_running_stats(devs, start, data):
 # test's; each further split size costs XLA its own compilations.
 @pytest.mark.parametrize("split", [1, 3])
 def test_pipeline_equals_single_with_bn_on_running_stats(
-    devs, start, data, single_on_running_stats, split
+    devs, shallow, data, single_on_running_stats, split
 ):
     """Rule 1 (float64). Train-mode BatchNorm normalises each micro-batch by its own statistics
     (as the tutorial does), so only with BN on its running statistics must the results agree
     for every split; the micro-batches' gradients add up to the batch's."""
     with jax.enable_x64(True):
-        got = one_step(
-            r50.PipelineParallelResNet50(devs, _as(start, jnp.float64), split), False, *data
-        )
+        variables = _as(shallow, jnp.float64)
+        model = r50.PipelineParallelResNet50(devs, variables, split, 1000, DEPTHS)
+        got = one_step(model, False, *data)
     compare(f"jax resnet50 pipeline split {split} vs single", got, single_on_running_stats)
 
 
@@ -266,7 +278,7 @@ def test_sweep_takes_the_split_sizes_round_robin(tmp_path, devs):
     measurements take the whole batch of 4)."""
     cfg = dataclasses.replace(at_32(args_for(tmp_path)), warmup=1, repeats=2)
     used = stages.stage_devices(devs[:1], "pipeline")
-    model, seen = r50.build("pipeline", used, 1, cfg.num_classes, cfg.seed), []
+    model, seen = r50.build("pipeline", used, 1, cfg.num_classes, cfg.seed, DEPTHS), []
     step = model.train_step
     model.train_step = lambda *a: seen.append(model.split_size) or step(*a)
     sizes = (2, 4)  # two sizes show the order; each costs XLA compilations of its own
@@ -283,6 +295,7 @@ def test_one_gpu_runs_pipeline_with_both_stages_on_it(tmp_path, devs, monkeypatc
     plan = devices.DevicePlan(1, "gpu", False)
     args = args_for(tmp_path, gpus=1, strategy="pipeline", split_size=2)
     monkeypatch.setattr(jdev, "get_devices", lambda plan: devs[:1])  # the "GPU"
+    monkeypatch.setattr(r50, "build", functools.partial(r50.build, depths=DEPTHS))
     r50.main(args, plan, at_32(args), HOOKS)
     [rec] = read(args.results)
     assert rec["devices"] == 1 and rec["split_size"] == 2

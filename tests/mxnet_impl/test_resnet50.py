@@ -2,6 +2,7 @@
 pipelined == one device, main. Numbers are compared under tests/fixtures/numerics.py's rules."""
 
 import dataclasses
+import functools
 import json
 from pathlib import Path
 
@@ -20,6 +21,7 @@ DEVS = [mx.cpu(0), mx.cpu(1)]
 HOOKS = load("resnet50")[1]  # what python -m mxnet_impl hands to main
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 BATCH = 4
+DEPTHS = runs.RESNET50_DEPTHS
 # Rule 2's rounding factor for the toy's step: net1, net2 and the loss forward, then the
 # output gradient, the hidden gradient and the weight gradients; the longest reduction is the
 # loss's mean over 20 x 5 values.
@@ -143,12 +145,13 @@ def data():
 
 @pytest.fixture(scope="module")
 def start():
+    """Weights of runs.RESNET50_DEPTHS's network, for the tests of the stages' arithmetic."""
     mx.random.seed(0)
-    return r50.get_weights(r50.build("single", DEVS, None, 1000))
+    return r50.get_weights(r50.build("single", DEVS, None, 1000, DEPTHS))
 
 
 def make(kind, start, split=None, dtype="float32"):
-    model = r50.build(kind, DEVS[:1] if kind == "single" else DEVS, split, 1000)
+    model = r50.build(kind, DEVS[:1] if kind == "single" else DEVS, split, 1000, DEPTHS)
     model.cast(dtype)  # exact: `start` holds float32 numbers
     r50.set_weights(model, start)
     return model
@@ -223,7 +226,7 @@ def read(path):
 
 
 @pytest.mark.multi_device
-def test_main_default_and_sweep_write_records(tmp_path):
+def test_main_default_and_sweep_write_records(tmp_path, monkeypatch):
     plan = devices.DevicePlan(2, "cpu", True)
     args = args_for(tmp_path)
     r50.main(args, plan, cli.config_of(args), HOOKS)
@@ -238,6 +241,8 @@ def test_main_default_and_sweep_write_records(tmp_path):
         assert e["stage_peak_memory_bytes"] == [8 * n for n in e["stage_params"]]
     assert all(r["images_per_sec"] > 0 and r["seconds"]["n"] == 1 for r in recs)
     sweep = args_for(tmp_path, sweep=True)
+    # the sweep's records, not the network's: the shallower one runs it in less time
+    monkeypatch.setattr(r50, "build", functools.partial(r50.build, depths=DEPTHS))
     r50.main(sweep, plan, cli.config_of(sweep), HOOKS)
     sweep = read(args.results)[3:]
     assert [(r["strategy"], r["split_size"], r["extra"]["sweep"]) for r in sweep] == [
@@ -250,7 +255,7 @@ def test_sweep_takes_the_split_sizes_round_robin(tmp_path):
     """One model for the whole sweep, its split size changed between repeats: each forward
     sees the split size of harness.round_robin's order, and each split size has its repeats."""
     cfg = dataclasses.replace(cli.config_of(args_for(tmp_path)), warmup=1, repeats=2)
-    model, seen = r50.build("pipeline", DEVS, 1, cfg.num_classes), []
+    model, seen = r50.build("pipeline", DEVS, 1, cfg.num_classes, DEPTHS), []
     forward = model.forward
     model.forward = lambda x: seen.append(model.split_size) or forward(x)
     runs = r50.train(model, cfg, DEVS, harness.Repeats(cfg, (1, 2, 4))).results()

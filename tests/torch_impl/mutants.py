@@ -144,8 +144,8 @@ MUTANTS = [
         "torch",
         "tests/torch_impl/test_resnet50.py::test_float64_forward_reproduces_the_fixture",
         "torch_impl/resnet50.py",
-        "    return ResNet(Bottleneck, [3, 4, 6, 3], num_classes=num_classes)",
-        "    return ResNet(Bottleneck, [3, 4, 6, 3], num_classes=num_classes,\n"
+        "    return ResNet(Bottleneck, list(depths), num_classes=num_classes)",
+        "    return ResNet(Bottleneck, list(depths), num_classes=num_classes,\n"
         "                  norm_layer=lambda c: nn.BatchNorm2d(c, eps=1e-3))",
         "BatchNorm eps 1e-3 (Keras' default) for torch's 1e-5",
     ),

@@ -1,4 +1,5 @@
 import dataclasses
+import functools
 import json
 import types
 from pathlib import Path
@@ -18,6 +19,7 @@ DEVS = [torch.device("cpu")] * 2
 HOOKS = harness.Hooks("torch", tdev)
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 BATCH = 4
+DEPTHS = runs.RESNET50_DEPTHS
 
 
 def smoke_cfg(**kw):
@@ -104,16 +106,13 @@ def data():
 
 @pytest.fixture(scope="module")
 def start():
+    """Weights of runs.RESNET50_DEPTHS's network, for the tests of the stages' arithmetic."""
     torch.manual_seed(0)
-    return r50.get_weights(r50.resnet50())
+    return r50.get_weights(r50.resnet50(depths=DEPTHS))
 
 
 def make(kind, start, train_bn, split=None):
-    model = {
-        "single": lambda: r50.resnet50(),
-        "model_parallel": lambda: r50.ModelParallelResNet50(DEVS),
-        "pipeline": lambda: r50.PipelineParallelResNet50(DEVS, split),
-    }[kind]()
+    model = r50.build(kind, DEVS[:1] if kind == "single" else DEVS, split, 1000, DEPTHS)
     r50.set_weights(model, start)
     return model.train(train_bn)
 
@@ -209,7 +208,7 @@ def read(path):
 
 
 @pytest.mark.multi_device
-def test_main_default_and_sweep_write_records(tmp_path):
+def test_main_default_and_sweep_write_records(tmp_path, monkeypatch):
     plan = devices.DevicePlan(2, "cpu", True)
     args = args_for(tmp_path, batch_size=3, split_size=2)
     r50.main(args, plan, cli.config_of(args), HOOKS)
@@ -223,6 +222,8 @@ def test_main_default_and_sweep_write_records(tmp_path):
         assert e["memory_source"] == "param_grad_bytes" and len(e["stage_peak_memory_bytes"]) == 2
     assert all(r["images_per_sec"] > 0 and r["seconds"]["n"] == 1 for r in recs)
     sweep = args_for(tmp_path, sweep=True)
+    # the sweep's records, not the network's: the shallower one runs it in less time
+    monkeypatch.setattr(r50, "build", functools.partial(r50.build, depths=DEPTHS))
     r50.main(sweep, plan, cli.config_of(sweep), HOOKS)  # split sizes 1, 2, 4 of batch 4
     sweep = read(args.results)[3:]
     assert [(r["strategy"], r["split_size"], r["extra"]["sweep"]) for r in sweep] == [
@@ -235,7 +236,7 @@ def test_sweep_takes_the_split_sizes_round_robin(tmp_path):
     """One model for the whole sweep, its split size changed between repeats: each forward
     sees the split size of harness.round_robin's order, and each split size has its repeats."""
     cfg = dataclasses.replace(cli.config_of(args_for(tmp_path)), warmup=1, repeats=2)
-    model, seen = r50.build("pipeline", DEVS, 1, cfg.num_classes), []
+    model, seen = r50.build("pipeline", DEVS, 1, cfg.num_classes, DEPTHS), []
     forward = model.forward
     model.forward = lambda x: seen.append(model.split_size) or forward(x)
     runs = r50.train(model, cfg, DEVS, harness.Repeats(cfg, (1, 2, 4))).results()
