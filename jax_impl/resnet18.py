@@ -90,6 +90,7 @@ class ResNet18(nn.Module):
     num_classes: int = NUM_CLASSES
     width: int = 64
     use_bn: bool = True
+    residuals: int = 2
     axis_name: str | None = None
     dtype: Any = jnp.float32
 
@@ -102,16 +103,17 @@ class ResNet18(nn.Module):
             first = i == 1
             c = self.width * mult
             x = block(c, 1 if first else 2, not first, name=f"layer{i}_0")(x, train)
-            x = block(c, name=f"layer{i}_1")(x, train)
+            for j in range(1, self.residuals):
+                x = block(c, name=f"layer{i}_{j}")(x, train)
         x = jnp.mean(x, axis=(1, 2))  # global average pool
         x = nn.Dense(self.num_classes, dtype=self.dtype, name="fc")(x)
         return x.astype(jnp.promote_types(x.dtype, jnp.float32))  # bf16 logits: a float32 loss
 
 
-def resnet18(num_classes=NUM_CLASSES, in_channels=1, width=64, use_bn=True, **kw):
+def resnet18(num_classes=NUM_CLASSES, in_channels=1, width=64, use_bn=True, residuals=2, **kw):
     """d2l's ResNet-18 (see torch_impl); `in_channels` is inferred by flax at init.
     JAX-only keywords: `axis_name` (shard_map and pmap BatchNorm) and `dtype` (bf16 compute)."""
-    return ResNet18(num_classes, width, use_bn, **kw)
+    return ResNet18(num_classes, width, use_bn, residuals, **kw)
 
 
 def weight_shapes(net):

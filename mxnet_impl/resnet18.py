@@ -58,9 +58,10 @@ class Residual(nn.HybridBlock):
         return F.Activation(y + x, act_type="relu")
 
 
-def resnet18(num_classes=NUM_CLASSES, in_channels=1, width=64, use_bn=True):
-    """d2l's ResNet-18: 3x3 stem, no max-pool, 4 stages of 2 blocks; `width` narrows it for tests,
-    `use_bn=False` drops BatchNorm (for exact data-parallel == one-device tests)."""
+def resnet18(num_classes=NUM_CLASSES, in_channels=1, width=64, use_bn=True, residuals=2):
+    """d2l's ResNet-18: 3x3 stem, no max-pool, 4 stages of `residuals` blocks; `width` narrows it
+    and `residuals=1` halves its depth for tests, `use_bn=False` drops BatchNorm (for exact
+    data-parallel == one-device tests)."""
 
     def named(**blocks):
         # Gluon's Sequential names children 0, 1, ...; register_child gives torch's names.
@@ -70,12 +71,8 @@ def resnet18(num_classes=NUM_CLASSES, in_channels=1, width=64, use_bn=True):
         return seq
 
     def stage(c_in, c_out, first):
-        return named(
-            **{
-                "0": Residual(c_in, c_out, 1 if first else 2, not first, use_bn),
-                "1": Residual(c_out, c_out, use_bn=use_bn),
-            }
-        )
+        rest = {str(i): Residual(c_out, c_out, use_bn=use_bn) for i in range(1, residuals)}
+        return named(**{"0": Residual(c_in, c_out, 1 if first else 2, not first, use_bn), **rest})
 
     w = [width, 2 * width, 4 * width, 8 * width]
     stem = {"conv": nn.Conv2D(w[0], 3, 1, 1, in_channels=in_channels)}

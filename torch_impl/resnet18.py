@@ -68,10 +68,10 @@ class ResNet18(nn.Sequential):
         return x
 
 
-def resnet18(num_classes=NUM_CLASSES, in_channels=1, width=64, use_bn=True, amp=False):
-    """d2l's ResNet-18: 3x3 stem, no max-pool, 4 stages of 2 blocks; `width` narrows it for tests,
-    `use_bn=False` drops BatchNorm (for exact data-parallel == one-device tests), `amp` computes
-    the convolutions in bf16 (--amp bf16)."""
+def resnet18(num_classes=NUM_CLASSES, in_channels=1, width=64, use_bn=True, residuals=2, amp=False):
+    """d2l's ResNet-18: 3x3 stem, no max-pool, 4 stages of `residuals` blocks; `width` narrows it
+    and `residuals=1` halves its depth for tests, `use_bn=False` drops BatchNorm (for exact
+    data-parallel == one-device tests), `amp` computes the convolutions in bf16 (--amp bf16)."""
 
     def norm(c):
         return nn.BatchNorm2d(c) if use_bn else nn.Identity()
@@ -79,7 +79,7 @@ def resnet18(num_classes=NUM_CLASSES, in_channels=1, width=64, use_bn=True, amp=
     def stage(c_in, c_out, first):
         return nn.Sequential(
             Residual(c_in, c_out, 1 if first else 2, use_1x1conv=not first, use_bn=use_bn),
-            Residual(c_out, c_out, use_bn=use_bn),
+            *(Residual(c_out, c_out, use_bn=use_bn) for _ in range(residuals - 1)),
         )
 
     w = [width, 2 * width, 4 * width, 8 * width]

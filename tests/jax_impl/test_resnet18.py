@@ -124,7 +124,7 @@ def _one_device_steps():
     """The two steps on one device, plain jit, float64: (start, after, losses) as numpy."""
     with jax.enable_x64(True):
         x, y, steps = _batches()
-        net, opt = r18.resnet18(width=8, dtype=jnp.float64), r18.make_optimizer(0.1)
+        net, opt = r18.resnet18(width=8, residuals=1, dtype=jnp.float64), r18.make_optimizer(0.1)
         state = _start(net, opt)
         start = r18.get_weights(state)
         step = jax.jit(lambda s, x, y: r18.train_step(net, opt, s, x, y))
@@ -147,7 +147,7 @@ def test_two_devices_equal_one_device_with_batchnorm(strategy):
     with jax.enable_x64(True):
         x, y, steps = _batches()
         devs = jax.devices("cpu")[:2]
-        net = r18.resnet18(width=8, axis_name=_axis(strategy), dtype=jnp.float64)
+        net = r18.resnet18(width=8, residuals=1, axis_name=_axis(strategy), dtype=jnp.float64)
         opt = r18.make_optimizer(0.1)
         place, shard, step, _, total = getattr(r18, strategy)(net, opt, runs.world_of(devs))
         state, (x_all, y_all) = place(_start(net, opt)), place([x, y])
@@ -297,7 +297,7 @@ def test_warm_up_steps_leave_the_initial_state():
     ds = (images, labels, images, labels)
     cfg = config.get_config("resnet18", "smoke", batch_size=8, lr=0.5, epochs=1)
     cfg = dataclasses.replace(cfg, steps_per_epoch=None, init_std=0.1)  # 8 + 8 + 4
-    net, devs = r18.resnet18(width=4), jax.devices("cpu")[:1]
+    net, devs = r18.resnet18(width=4, residuals=1), jax.devices("cpu")[:1]
     run = runs.run_for("resnet18", cfg, ds, devs, hooks=HOOKS)
     used = []  # the strategy's functions `train` used: the same compiled steps replay below
     r18.train(net, cfg, ds, lambda *a: used.append(r18.sharding(*a)) or used[0], run)
@@ -325,7 +325,7 @@ def test_correct_counts_a_padded_test_batch_exactly(strategy):
     rng = np.random.default_rng(4)
     x = rng.random((40, 8, 8, 1), dtype=np.float32)
     devs = jax.devices("cpu")[:2]
-    net = r18.resnet18(width=4, axis_name=_axis(strategy))
+    net = r18.resnet18(width=4, residuals=1, axis_name=_axis(strategy))
     variables = r18.init_weights(net, 0.1, 0)
     logits = np.asarray(net.apply(variables, x, train=False))
     top2 = np.sort(logits, axis=-1)[:, -2:]

@@ -118,7 +118,7 @@ def _two_context_run(n, x, y):
     the context_list strategy, in float64: (initial weights, every parameter's copies after
     the steps)."""
     ctxs = [mx.cpu(i) for i in range(n)]
-    net = r18.init_weights(r18.resnet18(width=4, use_bn=False), 0.1, 0, ctxs[:1])
+    net = r18.init_weights(r18.resnet18(width=4, use_bn=False, residuals=1), 0.1, 0, ctxs[:1])
     net.cast("float64")  # exact: the initial weights are float32 numbers
     start = r18.get_weights(net)
     net.hybridize()
@@ -236,7 +236,8 @@ def test_warm_up_steps_leave_the_initial_weights():
     ctxs = [mx.cpu(0), mx.cpu(1)]
 
     def initialised():
-        net = r18.init_weights(r18.resnet18(width=4), cfg.init_std, cfg.seed, ctxs[:1])
+        net = r18.resnet18(width=4, residuals=1)
+        net = r18.init_weights(net, cfg.init_std, cfg.seed, ctxs[:1])
         net.hybridize()
         return net
 

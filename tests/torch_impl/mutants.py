@@ -28,8 +28,8 @@ MUTANTS = [
         "torch",
         "tests/torch_impl/test_resnet18.py::test_float32_forward_matches_the_float64_fixture",
         "torch_impl/resnet18.py",
-        "def resnet18(num_classes=NUM_CLASSES, in_channels=1, width=64, use_bn=True, amp=False):",
-        "def resnet18(num_classes=NUM_CLASSES, in_channels=1, width=64, use_bn=True, amp=True):",
+        "width=64, use_bn=True, residuals=2, amp=False):",
+        "width=64, use_bn=True, residuals=2, amp=True):",
         "bf16 autocast on by default in the model's forward",
     ),
     Mutant(

@@ -80,7 +80,7 @@ def _parity_weights():
 
 def _bn_free_net():
     """float64 (rule 1 of tests/fixtures/numerics.py): N ranks against one compare mathematics."""
-    return r18.init_weights(r18.resnet18(width=4, use_bn=False), 0.1, 0).double()
+    return r18.init_weights(r18.resnet18(width=4, use_bn=False, residuals=1), 0.1, 0).double()
 
 
 def _batches():
@@ -269,7 +269,7 @@ def test_warm_up_steps_leave_the_initial_weights():
     cfg = dataclasses.replace(cfg, steps_per_epoch=None)  # 8 + 8 + 4: two batch shapes
 
     def fresh():
-        return r18.init_weights(r18.resnet18(width=4), 0.1, 0)
+        return r18.init_weights(r18.resnet18(width=4, residuals=1), 0.1, 0)
 
     net, cpu, ds = fresh(), torch.device("cpu"), (images, labels, images, labels)
     # One CPU "device" under nn.DataParallel without CUDA: the plain module, as the test wants.
