@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from common import cli, config, devices, harness, stages, weights
+from common.stages import blocks_of
 from jax_impl import devices as jdev
 from jax_impl import resnet50 as r50
 from jax_impl.__main__ import load
@@ -95,7 +96,8 @@ def test_stages_live_on_different_devices(devs, start):
         assert {d for leaf in jax.tree.leaves((params, stats)) for d in leaf.devices()} == {device}
     assert set(model.params[0]) == {"conv1", "bn1", "layer1", "layer2"}
     assert set(model.params[1]) == {"layer3", "layer4", "fc"}
-    assert sum(leaf.size for leaf in jax.tree.leaves(model.params)) == 25_557_032
+    sizes = [sum(leaf.size for leaf in jax.tree.leaves(p)) for p in model.params]
+    assert sizes == [1_444_928, 24_112_104]
 
 
 def _as(tree, dtype):
@@ -242,9 +244,17 @@ def read(path):
     return [json.loads(line) for line in Path(path).read_text().splitlines()]
 
 
+@pytest.fixture
+def shallow_main(monkeypatch, shallow):
+    """main's records from runs.RESNET50_DEPTHS's network (its stages' sizes are checked above
+    on the whole network's); returns that network's parameter count."""
+    monkeypatch.setattr(r50, "build", functools.partial(r50.build, depths=DEPTHS))
+    return sum(leaf.size for leaf in jax.tree.leaves(shallow["params"]))
+
+
 @pytest.mark.slow
 @pytest.mark.multi_device
-def test_main_default_writes_three_records(tmp_path):
+def test_main_default_writes_three_records(tmp_path, shallow_main):
     args = args_for(tmp_path)
     r50.main(args, devices.DevicePlan(2, "cpu", True), at_32(args), HOOKS)
     recs = read(args.results)
@@ -253,14 +263,15 @@ def test_main_default_writes_three_records(tmp_path):
     for r in recs[1:]:
         e = r["extra"]
         assert e["num_stages"] == 2 and len(e["stage_seconds"]) == 2
-        assert e["stage_params"] == [1_444_928, 24_112_104]
+        assert sum(e["stage_params"]) == shallow_main
+        assert e["stage_blocks"] == [list(b) for b in stages.stage_blocks(2, blocks_of(DEPTHS))]
         assert len(e["stage_peak_memory_bytes"]) == 2 and e["memory_source"]
     assert all(r["images_per_sec"] > 0 and r["seconds"]["n"] == 1 for r in recs)
 
 
 @pytest.mark.slow
 @pytest.mark.multi_device
-def test_main_sweep_writes_one_record_per_split(tmp_path):
+def test_main_sweep_writes_one_record_per_split(tmp_path, shallow_main):
     args = args_for(tmp_path, sweep=True)
     r50.main(args, devices.DevicePlan(2, "cpu", True), at_32(args), HOOKS)
     recs = read(args.results)
