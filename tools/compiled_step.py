@@ -23,7 +23,13 @@ from common import config, data, processes, results, utilization
 from torch_impl import devices as tdev
 from torch_impl import resnet18
 
-PARTIAL = 96  # the full preset's last batch: 60000 = 234 x 256 + 96
+TRAIN_IMAGES = 60_000  # Fashion-MNIST's training set
+
+
+def partial_size(batch):
+    """The epoch's last, partial batch (96 at the full preset's 256: 60000 = 234 x 256 + 96),
+    or half a batch where `batch` divides the set: a second batch shape either way."""
+    return TRAIN_IMAGES % batch or max(batch // 2, 1)
 
 
 def _net(cfg, device, amp):
@@ -64,14 +70,15 @@ def build_loss_in_graph(cfg, device, amp, compiled=True):
 
 
 def inputs(cfg, device, steps, fm):
-    """The training and test sets (of `fm`, Fashion-MNIST) on the device, `steps` batch index
-    tensors as the loop draws them, and the epoch's last, partial batch's indices."""
-    ds = (fm.train_images, fm.train_labels, fm.test_images[:1024], fm.test_labels[:1024])
+    """The training set and four batches of the test set (of `fm`, Fashion-MNIST) on the device,
+    `steps` batch index tensors as the loop draws them, and the partial batch's indices."""
+    n = 4 * cfg.batch_size
+    ds = (fm.train_images, fm.train_labels, fm.test_images[:n], fm.test_labels[:n])
     # as the training loop puts them
     x_train, y_train, *test = tdev.to_device(data.as_float(ds, np.int64), device)
     order = data.batches(len(fm.train_labels), cfg.batch_size, cfg.seed, 0)
     sels = [torch.from_numpy(i).to(device) for i in order[:steps]]
-    return x_train, y_train, test, sels, torch.arange(PARTIAL, device=device)
+    return x_train, y_train, test, sels, torch.arange(partial_size(cfg.batch_size), device=device)
 
 
 def variants(args, cfg, device, sampler, fm):

@@ -52,7 +52,7 @@ def test_each_variant_runs_what_it_names(monkeypatch):
     assert seen["ceiling step"] == [(main, 4)] * 4
     assert seen["+ batch gather, loss sum"] == [(main, 4)] * 4
     assert seen["+ nvidia-smi sampler"] == [(main, 4)] * 4 and sampler.wall_seconds > 0
-    assert seen["+ partial batch"] == [(main, 4)] * 3 + [(main, compiled_step.PARTIAL)]
+    assert seen["+ partial batch"] == [(main, 4)] * 3 + [(main, 2)]
     other = seen["after 2nd model's step"][0][0]
     assert other is not main and seen["after 2nd model's step"] == [(other, 4)] + [(main, 4)] * 4
     assert seen["after eager evaluation"] == [(main, 4)] * 4  # evaluation takes no step
@@ -61,11 +61,15 @@ def test_each_variant_runs_what_it_names(monkeypatch):
     assert seen["loss in the graph"] == []  # its own step: checked against train_step below
 
 
+def test_the_partial_batch_is_the_epochs_last_or_half_a_batch():
+    assert compiled_step.partial_size(256) == 96 and compiled_step.partial_size(4) == 2
+
+
 def _few():
     """Fashion-MNIST cut to what the variants index (the partial batch's first images) and an
     evaluation's one batch: which step each variant takes does not depend on the set's size."""
     fm = data.load()
-    train, test = slice(2 * compiled_step.PARTIAL), slice(8)
+    train, test = slice(192), slice(8)
     return dataclasses.replace(
         fm,
         train_images=fm.train_images[train],
