@@ -23,13 +23,11 @@ from common import config, data, processes, results, utilization
 from torch_impl import devices as tdev
 from torch_impl import resnet18
 
-TRAIN_IMAGES = 60_000  # Fashion-MNIST's training set
 
-
-def partial_size(batch):
-    """The epoch's last, partial batch (96 at the full preset's 256: 60000 = 234 x 256 + 96),
-    or half a batch where `batch` divides the set: a second batch shape either way."""
-    return TRAIN_IMAGES % batch or max(batch // 2, 1)
+def partial_size(n_images, batch):
+    """The epoch's last, partial batch (Fashion-MNIST at the full preset's 256: 60000 = 234 x
+    256 + 96), or half a batch where `batch` divides the set: a second batch shape either way."""
+    return n_images % batch or max(batch // 2, 1)
 
 
 def _net(cfg, device, amp):
@@ -78,7 +76,8 @@ def inputs(cfg, device, steps, fm):
     x_train, y_train, *test = tdev.to_device(data.as_float(ds, np.int64), device)
     order = data.batches(len(fm.train_labels), cfg.batch_size, cfg.seed, 0)
     sels = [torch.from_numpy(i).to(device) for i in order[:steps]]
-    return x_train, y_train, test, sels, torch.arange(partial_size(cfg.batch_size), device=device)
+    part = torch.arange(partial_size(len(fm.train_labels), cfg.batch_size), device=device)
+    return x_train, y_train, test, sels, part
 
 
 def variants(args, cfg, device, sampler, fm):

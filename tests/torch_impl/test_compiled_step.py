@@ -62,7 +62,8 @@ def test_each_variant_runs_what_it_names(monkeypatch):
 
 
 def test_the_partial_batch_is_the_epochs_last_or_half_a_batch():
-    assert compiled_step.partial_size(256) == 96 and compiled_step.partial_size(4) == 2
+    assert compiled_step.partial_size(60_000, 256) == 96
+    assert compiled_step.partial_size(192, 4) == 2 and compiled_step.partial_size(9, 4) == 1
 
 
 def _few():
