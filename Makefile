@@ -114,6 +114,8 @@ TIER_test-slow := slow
 # (--dist loadfile): its tests share compiled programs within a process, which two workers
 # would each compile.
 PYTEST_WORKERS ?= 2
+# How many of the slowest tests each suite lists (pytest --durations; 0: all).
+DURATIONS ?= 5
 xdist = $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist $(if $(filter jax,$(1)),loadfile,loadgroup))
 # JAX's persistent compilation cache, for the tests only: a program that one test process
 # compiled (an xdist worker, a run a test starts, an earlier `make test`) is read back by the
@@ -132,7 +134,7 @@ test test-slow: setup
 	@status=0; start=$$(date +%s); $(READY); \
 	run() { echo "== pytest in $(VENV)/$$1: $${@:3}"; local t=$$(date +%s) x="$(xdist)"; \
 	        if [ $$1 = jax ]; then x="$(call xdist,jax)"; fi; \
-	        $(VENV)/$$1/bin/python -m pytest -q --durations=5 $$x -m "$$2" "$${@:3}"; rc=$$?; \
+	        $(VENV)/$$1/bin/python -m pytest -q --durations=$(DURATIONS) $$x -m "$$2" "$${@:3}"; rc=$$?; \
 	        if [ $$rc -eq 5 ]; then rc=0; fi; \
 	        if [ $$rc -ne 0 ]; then echo "== FAILED in $$1 (exit $$rc)"; status=1; fi; \
 	        echo "== pytest in $(VENV)/$$1: $$(( $$(date +%s) - t )) s"; }; \

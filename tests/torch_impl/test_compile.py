@@ -6,8 +6,9 @@ compiled.
 torch.compile on 2 CPU cores takes tens of seconds per graph (TorchInductor writes C++ and g++
 builds it), so every test here compiles the same graph: a width-4 ResNet-18 with one residual
 block per stage (half the graph to trace and build), a training step on the smoke preset's batch
-of 16 at 28x28, float32. Inductor's graph cache (on by default) builds it
-once; the later tests trace it again but find its kernels.
+of 16 at 28x28, float32. Inductor's graph cache (on by default) builds it once; the later tests
+trace it again but find its kernels. The slow ones run on one pytest-xdist worker, in this
+order, so that the first builds the graph before the others look for it.
 """
 
 import contextlib
@@ -29,6 +30,7 @@ WIDTH, BATCH = 4, 16  # the smoke preset's one-device batch
 # counts the whole one's 39: 13 conv/dense layers (the stem, 2 per block, 3 shortcuts, fc),
 # 9 BatchNorms and the pool in sequence.
 STAGES = 23
+INDUCTOR = pytest.mark.xdist_group("inductor")  # one worker: the graph built once, then found
 
 
 def _net():
@@ -53,6 +55,7 @@ def _float32_exact():
 
 
 @pytest.mark.slow
+@INDUCTOR
 @pytest.mark.numerics
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_compiled_steps_losses_match_eager_float64(device):
@@ -87,7 +90,9 @@ def test_compiled_steps_losses_match_eager_float64(device):
 def test_compile_mode_captures_cuda_graphs_on_one_gpu_only(monkeypatch):
     """One GPU: "reduce-overhead" (CUDA graphs), which needs three warm-up calls per batch
     shape; DDP over several processes and the CPU: "default", one call. net.compile is lazy,
-    so a CUDA device can be named on a machine without one."""
+    so a CUDA device can be named on a machine without one. Each asks for a graph specialised
+    to its batch shape (dynamic=False): by default torch.compile's second shape (an epoch's
+    last, partial batch) would compile for a symbolic batch instead."""
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     assert tdev.compile_mode(cuda) == "reduce-overhead"
     assert tdev.compile_mode(cuda, n_devices=2) == tdev.compile_mode(cpu) == "default"
@@ -97,33 +102,38 @@ def test_compile_mode_captures_cuda_graphs_on_one_gpu_only(monkeypatch):
     assert tdev.compile_model(net, cuda) == 3 and tdev.compile_model(net, cuda, 2) == 1
     assert tdev.compile_model(net, cpu) == 1
     assert [kw["mode"] for kw in asked] == ["reduce-overhead", "default", "default"]
+    assert [kw["dynamic"] for kw in asked] == [False] * 3
     assert tdev.compile_fields(False, cuda) == {"compile_mode": None}  # an eager run
 
 
 @pytest.mark.slow
-def test_compiled_model_is_one_static_graph_per_batch_shape():
-    """compile_model traces the whole network as one graph, specialised to each batch shape
-    (three shapes: three graphs; without dynamic=False the second and third share a symbolic
-    one). torch 2.11 compiled a plain nn.Sequential block by block, the stem and head eager:
-    this fails on that model there. Forward only, without autograd: three small graphs."""
+@INDUCTOR
+def test_compiled_model_is_one_graph():
+    """compile_model traces the whole network, forward and backward, as one graph: torch 2.11
+    compiled a plain nn.Sequential block by block, the stem and head eager, and this fails on
+    that model there. The training step of the tests above: Inductor's cache has its kernels."""
     torch._dynamo.reset()
     counters.clear()
     net = _net()
     tdev.compile_model(net, torch.device("cpu"))
-    with torch.no_grad():
-        for batch, graphs in ((BATCH, 1), (BATCH // 2, 2), (BATCH // 4, 3)):
-            net(torch.zeros(batch, 1, 28, 28))
-            assert counters["stats"]["unique_graphs"] == graphs, f"after a batch of {batch}"
+    x, y = torch.zeros(BATCH, 1, 28, 28), torch.zeros(BATCH, dtype=torch.long)
+    r18.train_step(net, r18.make_optimizer(net, 0.1), x, y)
+    assert counters["stats"]["unique_graphs"] == 1
 
 
 @pytest.mark.slow
+@INDUCTOR
 def test_compiled_ddp_smoke_run_is_recorded_compiled_with_compile_time_in_warm_up(
     tmp_path, monkeypatch
 ):
     """One DDP rank (gloo, world size 1) in this process, as torchrun's worker runs it, with the
-    net narrowed to width 4."""
+    net narrowed to _net's (one rank trains the plain module: the graph of the tests above)."""
     full, step = r18.resnet18, r18.train_step
-    monkeypatch.setattr(r18, "resnet18", lambda amp=False: full(width=WIDTH, amp=amp))
+
+    def narrow(amp=False):
+        return full(width=WIDTH, residuals=1, amp=amp)
+
+    monkeypatch.setattr(r18, "resnet18", narrow)
     graphs = []  # graphs compiled so far, after each step: warm-up first, then the epoch's
 
     def counted_step(*a, **kw):
@@ -158,6 +168,7 @@ def test_compiled_ddp_smoke_run_is_recorded_compiled_with_compile_time_in_warm_u
 
 
 @pytest.mark.slow
+@INDUCTOR
 def test_compiled_dataparallel_on_one_device_trains():
     """nn.DataParallel without CUDA runs its module as it is (the one-device path a single GPU
     takes too): the compiled module trains under it, warm-up first."""
