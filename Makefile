@@ -110,7 +110,8 @@ TIER_test-slow := slow
 # pytest-xdist: two tests at a time. Most wait on one core (an import, a compilation, another
 # process's start), so two at a time use a 2-core machine's second core; PYTEST_WORKERS=0: one
 # at a time. Tests of one xdist_group run on one worker, one after another (the cluster tests:
-# network namespaces and cores of their own); JAX's suite keeps a file's tests on one worker
+# network namespaces and cores of their own; torch's compile tests: one graph built once,
+# then found in TorchInductor's cache); JAX's suite keeps a file's tests on one worker
 # (--dist loadfile): its tests share compiled programs within a process, which two workers
 # would each compile.
 PYTEST_WORKERS ?= 2
