@@ -3,7 +3,8 @@ jitted step, the state donated, the batch gathered on the device, flax's one-pas
 BatchNorm, E[x^2] - E[x]^2), the same with torch's two-pass variance, and the book's program (d2l
 13.6's JAX code: `jax.pmap`, each batch copied from the host, flax's default BatchNorm, optax's
 SGD). `python -m tools.jax_step [--batch 256] [--steps 50] [--rounds 3]`, with JAX's
-environment; on a CPU `--width 8 --batch 16 --steps 2 --rounds 1` checks that it runs.
+environment; on a CPU `--width 8 --residuals 1 --batch 16 --steps 2 --rounds 1` checks that it runs
+(`--residuals`: blocks per stage, d2l's 2 by default).
 
 For each variant: XLA's own cost analysis of the compiled step (FLOPs, bytes accessed), the
 instructions of its optimized program's entry computation by opcode (each fusion, convolution or
@@ -94,12 +95,12 @@ def build(args, x_host, y_host) -> dict:
     from jax_impl import resnet18
 
     x_all, y_all = jax.device_put((x_host, y_host))
-    net = resnet18.resnet18(width=args.width)
+    net = resnet18.resnet18(width=args.width, residuals=args.residuals)
     steps = {"project": _project_step(net, args.batch, x_all, y_all)}
     steps["d2l program"] = _book_step(net, args.batch, x_host, y_host)
     one_pass, resnet18.batch_norm = resnet18.batch_norm, _two_pass
     try:
-        two_pass = resnet18.resnet18(width=args.width)
+        two_pass = resnet18.resnet18(width=args.width, residuals=args.residuals)
         steps["two-pass variance"] = _project_step(two_pass, args.batch, x_all, y_all)
         # Twice: pmap compiles again once its state comes back as device arrays.
         return {k: (f, low, jax.block_until_ready(f(f(s)))) for k, (f, low, s) in steps.items()}
@@ -145,7 +146,7 @@ def _relative_error(got, want) -> float:
     return float(np.max(np.abs(np.asarray(got, np.float64) - want) / want))
 
 
-def variance_errors(x_host, width: int) -> dict:
+def variance_errors(x_host, width: int, residuals: int = 2) -> dict:
     """BatchNorm's batch variance on the probe's batch ([0, 1) pixels, as Fashion-MNIST's), at
     every BatchNorm input of the project's model in train mode: per layer, the condition
     number of the one-pass form (max over channels of (mean^2 + var) / var) and the largest
@@ -157,7 +158,7 @@ def variance_errors(x_host, width: int) -> dict:
 
     from jax_impl import resnet18
 
-    net = resnet18.resnet18(width=width)
+    net = resnet18.resnet18(width=width, residuals=residuals)
     variables = resnet18.init_weights(net, 0.01, 0)
 
     def is_conv(module, _):
@@ -205,6 +206,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m tools.jax_step", description=__doc__[:80])
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--width", type=int, default=64, help="ResNet-18's first width (d2l: 64)")
+    p.add_argument("--residuals", type=int, default=2, help="residual blocks per stage (d2l: 2)")
     p.add_argument("--steps", type=int, default=50, help="steps per timed round")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--results", default=None, help="JSON Lines file to append the table to")
@@ -214,8 +216,9 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
-    if min(args.batch, args.width, args.steps, args.rounds) < 1:
-        print("error: --batch, --width, --steps and --rounds must be at least 1", file=sys.stderr)
+    if min(args.batch, args.width, args.residuals, args.steps, args.rounds) < 1:
+        what = "--batch, --width, --residuals, --steps and --rounds"
+        print(f"error: {what} must be at least 1", file=sys.stderr)
         return 2
     import jax
 
@@ -231,7 +234,7 @@ def main(argv=None) -> int:
         print(f"{k:>18}: {row['ms_per_step']:.3f} ms/step, {flops} FLOPs, {moved} bytes accessed")
         print(f"{'':>18}  entry: {row['entry_opcodes']}")
     print(f"on {device.device_kind} ({device.platform}), batch {args.batch}")
-    variance = variance_errors(x_host, args.width)
+    variance = variance_errors(x_host, args.width, args.residuals)
     worst = {k: max(row[k] for row in variance.values()) for k in ("kappa", "one_pass", "two_pass")}
     print(
         f"BatchNorm variance at {len(variance)} inputs: condition up to {worst['kappa']:.3g}, "
@@ -241,6 +244,7 @@ def main(argv=None) -> int:
     if args.results:
         versions, hardware = results.environment(devices.versions())
         line = {"probe": "tools.jax_step", "batch": args.batch, "width": args.width}
+        line |= {"residuals": args.residuals}
         line |= {"steps": args.steps, "rounds": args.rounds, "variants": rows}
         line |= {"batch_norm_variance": variance}
         line |= {"device": device.device_kind, "versions": versions, "hardware": hardware}

@@ -11,7 +11,7 @@ from tools import jax_step
 @pytest.mark.slow
 def test_probe_appends_one_line_with_every_variant(tmp_path, capsys):
     out = tmp_path / "probe.jsonl"
-    argv = ["--width", "4", "--batch", "8", "--steps", "2", "--rounds", "1"]
+    argv = ["--width", "4", "--residuals", "1", "--batch", "8", "--steps", "2", "--rounds", "1"]
     assert jax_step.main([*argv, "--results", str(out), "--hlo", str(tmp_path / "hlo")]) == 0
     (line,) = [json.loads(x) for x in out.read_text().splitlines()]
     assert set(line["variants"]) == set(jax_step.VARIANTS)
@@ -25,10 +25,10 @@ def test_probe_appends_one_line_with_every_variant(tmp_path, capsys):
     # the one-pass variance reads the activations once less: fewer bytes, where XLA counts them
     if project["bytes_accessed"] is not None:
         assert project["bytes_accessed"] < two_pass["bytes_accessed"]
-    # every BatchNorm input (the stem's, two per residual block), each float32 variance close to
-    # float64's: a variance taken over the wrong axes or of the wrong layer is off by O(1)
+    # every BatchNorm input (the stem's, two per residual block: 4 blocks), each float32 variance
+    # close to float64's: a variance taken over the wrong axes or of the wrong layer is off by O(1)
     variance = line["batch_norm_variance"]
-    assert len(variance) == 17
+    assert len(variance) == 1 + 2 * 4 and line["residuals"] == 1
     for row in variance.values():
         assert row["kappa"] >= 1 and max(row["one_pass"], row["two_pass"]) < 1e-4
     assert "on cpu" in capsys.readouterr().out
