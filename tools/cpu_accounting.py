@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -62,6 +63,13 @@ def _is_suite(argv: str) -> bool:
     return argv.startswith("-m ") and " tests/" in argv
 
 
+def _suite(owner: int | None, procs: dict, starts: dict, suites: set) -> int | None:
+    """The suite whose pytest process is `owner` or an ancestor of it."""
+    while owner is not None and owner not in suites:
+        owner = _python_owner(procs[owner][1], procs, starts) if owner in procs else None
+    return owner
+
+
 def attribute(procs: dict, starts: dict) -> dict:
     """CPU seconds per suite and part ("own": its pytest processes; "started": the processes
     its tests started), per process name and per test."""
@@ -74,11 +82,9 @@ def attribute(procs: dict, starts: dict) -> dict:
         test = starts[owner][0] if owner is not None else ""
         if test:
             per_test[test] += cpu
-        node = owner
-        while node is not None and node not in suites:
-            node = _python_owner(procs[node][1], procs, starts) if node in procs else None
-        if node is not None:
-            per_suite[starts[node][1]]["started" if test else "own"] += cpu
+        suite = _suite(owner, procs, starts, suites)
+        if suite is not None:
+            per_suite[starts[suite][1]]["started" if test else "own"] += cpu
     return {"suites": per_suite, "names": per_name, "tests": per_test}
 
 
@@ -117,14 +123,10 @@ def main(argv=None) -> int:
     p.add_argument("--top", type=int, default=30, help="how many tests to list")
     p.add_argument("command", nargs="+", help="the command to run, after --")
     args = p.parse_args(argv)
-    if os.geteuid() != 0 or not all(map(_found, ("accton", "dump-acct"))):
+    if os.geteuid() != 0 or not all(map(shutil.which, ("accton", "dump-acct"))):
         print("error: needs root and Debian's acct (apt-get install acct)", file=sys.stderr)
         return 2
     return run(args.command, args.top)
-
-
-def _found(program: str) -> bool:
-    return any(Path(d, program).exists() for d in os.environ.get("PATH", "").split(os.pathsep))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,6 @@ device, the committed forward fixture, main's records and refusals.
 Two virtual CPU devices come from tests/jax_impl/conftest.py."""
 
 import dataclasses
-import functools
 import json
 from pathlib import Path
 
@@ -248,7 +247,7 @@ def read(path):
 def shallow_main(monkeypatch, shallow):
     """main's records from runs.RESNET50_DEPTHS's network (its stages' sizes are checked above
     on the whole network's); returns that network's parameter count."""
-    monkeypatch.setattr(r50, "build", functools.partial(r50.build, depths=DEPTHS))
+    runs.shallow_resnet50(monkeypatch, r50)
     return sum(leaf.size for leaf in jax.tree.leaves(shallow["params"]))
 
 
@@ -306,7 +305,7 @@ def test_one_gpu_runs_pipeline_with_both_stages_on_it(tmp_path, devs, monkeypatc
     plan = devices.DevicePlan(1, "gpu", False)
     args = args_for(tmp_path, gpus=1, strategy="pipeline", split_size=2)
     monkeypatch.setattr(jdev, "get_devices", lambda plan: devs[:1])  # the "GPU"
-    monkeypatch.setattr(r50, "build", functools.partial(r50.build, depths=DEPTHS))
+    runs.shallow_resnet50(monkeypatch, r50)
     r50.main(args, plan, at_32(args), HOOKS)
     [rec] = read(args.results)
     assert rec["devices"] == 1 and rec["split_size"] == 2

@@ -2,7 +2,6 @@
 pipelined == one device, main. Numbers are compared under tests/fixtures/numerics.py's rules."""
 
 import dataclasses
-import functools
 import json
 from pathlib import Path
 
@@ -242,7 +241,7 @@ def test_main_default_and_sweep_write_records(tmp_path, monkeypatch):
     assert all(r["images_per_sec"] > 0 and r["seconds"]["n"] == 1 for r in recs)
     sweep = args_for(tmp_path, sweep=True)
     # the sweep's records, not the network's: the shallower one runs it in less time
-    monkeypatch.setattr(r50, "build", functools.partial(r50.build, depths=DEPTHS))
+    runs.shallow_resnet50(monkeypatch, r50)
     r50.main(sweep, plan, cli.config_of(sweep), HOOKS)
     sweep = read(args.results)[3:]
     assert [(r["strategy"], r["split_size"], r["extra"]["sweep"]) for r in sweep] == [

@@ -1,5 +1,4 @@
 import dataclasses
-import functools
 import json
 import types
 from pathlib import Path
@@ -223,7 +222,7 @@ def test_main_default_and_sweep_write_records(tmp_path, monkeypatch):
     assert all(r["images_per_sec"] > 0 and r["seconds"]["n"] == 1 for r in recs)
     sweep = args_for(tmp_path, sweep=True)
     # the sweep's records, not the network's: the shallower one runs it in less time
-    monkeypatch.setattr(r50, "build", functools.partial(r50.build, depths=DEPTHS))
+    runs.shallow_resnet50(monkeypatch, r50)
     r50.main(sweep, plan, cli.config_of(sweep), HOOKS)  # split sizes 1, 2, 4 of batch 4
     sweep = read(args.results)[3:]
     assert [(r["strategy"], r["split_size"], r["extra"]["sweep"]) for r in sweep] == [
