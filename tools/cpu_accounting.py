@@ -47,27 +47,18 @@ def read_starts(text: str) -> dict[int, tuple[str, str]]:
     return {int(pid): (test, argv) for pid, test, argv in rows}
 
 
-def _python_owner(pid: int, procs: dict, starts: dict) -> int | None:
-    """The nearest logged Python process among `pid` and its ancestors."""
-    for _ in range(64):
-        if pid in starts:
-            return pid
+def _lineage(pid: int, procs: dict):
+    """`pid`, then its parent, grandparent, ... as far as the records go."""
+    for _ in range(64):  # a bound: a pid reused during the run could make a loop
+        yield pid
         if pid not in procs:
-            return None
+            return
         pid = procs[pid][1]
-    return None
 
 
 def _is_suite(argv: str) -> bool:
     """A pytest command of the test targets (at interpreter start, sys.argv is `-m ...`)."""
     return argv.startswith("-m ") and " tests/" in argv
-
-
-def _suite(owner: int | None, procs: dict, starts: dict, suites: set) -> int | None:
-    """The suite whose pytest process is `owner` or an ancestor of it."""
-    while owner is not None and owner not in suites:
-        owner = _python_owner(procs[owner][1], procs, starts) if owner in procs else None
-    return owner
 
 
 def attribute(procs: dict, starts: dict) -> dict:
@@ -78,11 +69,12 @@ def attribute(procs: dict, starts: dict) -> dict:
     per_name, per_test = collections.Counter(), collections.Counter()
     for pid, (name, _, cpu) in procs.items():
         per_name[name] += cpu
-        owner = _python_owner(pid, procs, starts)
+        # the nearest logged Python process: the test that started it, and its suite
+        owner = next((p for p in _lineage(pid, procs) if p in starts), None)
         test = starts[owner][0] if owner is not None else ""
         if test:
             per_test[test] += cpu
-        suite = _suite(owner, procs, starts, suites)
+        suite = next((p for p in _lineage(pid, procs) if p in suites), None)
         if suite is not None:
             per_suite[starts[suite][1]]["started" if test else "own"] += cpu
     return {"suites": per_suite, "names": per_name, "tests": per_test}
