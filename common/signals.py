@@ -119,10 +119,11 @@ def _raise_stopped(signum, frame):
     raise Stopped(signum)
 
 
-def on_leaving(leave: Callable[[], None]) -> None:
+def on_leaving(leave: Callable[[], None], stuck: bool = True) -> None:
     """Call `leave` once as the process ends, however it ends: at its normal exit (within
     LEAVE_BOUND seconds, GRACE after a stop), or from the watchdog before it ends a process
-    whose main thread could not take up a stop (within LEAVE_BOUND seconds). For a group whose
+    whose main thread could not take up a stop (within LEAVE_BOUND seconds; `stuck` False: not
+    then, for a goodbye that would wait for what the main thread is stuck in). For a group whose
     members wait at exit for each other's goodbye (jax.distributed's shutdown barrier): one
     gone without it leaves the others to abort, and one saying it twice cancels its first."""
     lock, said = threading.Lock(), []
@@ -148,7 +149,8 @@ def on_leaving(leave: Callable[[], None]) -> None:
             os._exit(128 + _TAKEN[0] if _TAKEN else 1)
 
     atexit.register(at_exit)
-    _LEAVE.append(leave_once)
+    if stuck:
+        _LEAVE.append(leave_once)
 
 
 def _watchdog(read: int, taken: threading.Event, grace: float) -> None:

@@ -187,8 +187,23 @@ def join(plan: devices.DevicePlan, args=None) -> World:
     )
     with processes.deadline(wait, line, cli.EXIT_BAD_INPUT):
         kv = mx.kv.create("dist_sync")
+    signals.on_leaving(lambda: _leave(kv), stuck=False)
     local = devices.DevicePlan(plan.count // workers, plan.platform, plan.virtual)
     return World(kv.rank, kv.num_workers, mdev.get_devices(local), _push_pull(kv), plan, kv)
+
+
+def _leave(kv) -> None:
+    """The worker's goodbye: freeing its kvstore waits for its pending pushes and pulls, then
+    for every worker at a barrier (and rank 0 stops the servers). Left to the interpreter, that
+    free would come whenever the last reference goes, up to its final collection, when Python's
+    threads, every watchdog among them, are gone: a worker stopped, or one whose launcher was
+    killed (the scheduler with it), would wait there forever. Here it is bounded as the
+    process leaves (signals.on_leaving), and the kvstore object's own free finds nothing left.
+    Not from the watchdog: a main thread stuck in a pull has a pull this free would wait for."""
+    from mxnet.base import _LIB, check_call
+
+    handle, kv.handle = kv.handle, None  # MXKVStoreFree(NULL) frees nothing
+    check_call(_LIB.MXKVStoreFree(handle))
 
 
 def _push_pull(kv):

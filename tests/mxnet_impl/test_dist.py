@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common import cli
+from common import cli, signals
 from mxnet_impl import launch
 from mxnet_impl.__main__ import load
-from tests.fixtures import numerics, runs
+from tests.fixtures import numerics, runs, stopping
 from tests.mxnet_impl import dist_steps
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,6 +111,52 @@ def test_a_dying_worker_ends_the_run_in_bounded_time(tmp_path):
     assert "was killed by SIGKILL" in last and last.endswith("every other process was stopped")
     assert ended - killed[0] < 10 and not path.exists()
     assert not list(_ours(str(path))), "a process of the run was left behind"
+
+
+LONE_WORKER = """
+import os, signal, sys, time
+from common import devices, signals
+from mxnet_impl import launch
+
+def run():
+    with signals.as_interrupt():
+        world = launch.join(devices.DevicePlan(1, "cpu", True))
+        for pid in map(int, sys.argv[1:]):  # the scheduler and the server
+            os.kill(pid, signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGTERM)  # a stop that the main thread takes up
+        time.sleep(60)
+    return 0
+
+sys.exit(signals.main(run))
+"""
+
+
+@pytest.mark.slow
+def test_a_worker_stopped_after_its_peers_died_still_ends():
+    """A worker's kvstore, freed, waits for the other workers at a barrier through the
+    scheduler. A worker stopped after the scheduler and the server died (its launcher killed
+    outright took them along) ends on the stop's line within the bound all the same, instead
+    of waiting there forever."""
+    env = launch._environment(1, 1, launch._port(), 1)
+    roles = ("scheduler", "server")
+    peers = [subprocess.Popen(launch.SERVE, env={**env, "DMLC_ROLE": r}, cwd=ROOT) for r in roles]
+    try:
+        begun = time.monotonic()
+        out = subprocess.run(
+            [sys.executable, "-c", LONE_WORKER, *(str(p.pid) for p in peers)],
+            env={**env, "DMLC_ROLE": "worker"},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+        )
+    finally:
+        for peer in peers:
+            peer.kill()
+            peer.wait()
+    assert out.returncode == 128 + signal.SIGTERM, out.stderr
+    assert out.stderr.strip().splitlines()[-1] == signals.STOPPED, out.stderr
+    assert time.monotonic() - begun < stopping.STOP_BOUND_S
 
 
 def test_a_busy_port_is_one_line(tmp_path):
