@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import math
 import os
 import signal
 import sys
@@ -188,12 +189,15 @@ def watch_parent(
     to go (the process is then reparented). Then call `on_exit` (default: SIGTERM to this
     process, which ends it as a stop does) and, should the process still run `grace` seconds
     later (blocked in a collective that waits for the dead), end it at once. Polls twice a
-    second."""
+    second. A process that blocks in the interpreter's finalization, where no Python thread
+    runs any more (a framework's destructor waiting for the dead), is ended a second later by
+    the kernel's alarm, whose default action ends a process."""
     parent = os.getppid() if parent is None else parent
 
     def watch():
         while os.getppid() == parent:
             time.sleep(0.5)
+        signal.alarm(math.ceil(grace) + 1)
         (on_exit or (lambda: os.kill(os.getpid(), signal.SIGTERM)))()
         time.sleep(grace)
         os._exit(128 + signal.SIGTERM)

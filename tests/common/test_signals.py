@@ -56,3 +56,30 @@ def test_a_process_whose_launcher_went_before_it_looked_ends():
         assert proc.wait(timeout=10) == -signal.SIGTERM
     finally:
         proc.kill()
+
+
+def test_a_process_that_hangs_in_its_finalization_after_its_launcher_went_ends():
+    """A process whose launcher went, stopped, that then blocks where no Python thread runs any
+    more, in the interpreter's finalization (as MXNet's kvstore destructor waits for a dead
+    scheduler), is still ended: by the kernel's alarm that watch_parent set."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    code = (
+        "import sys, time\n"
+        "from common import signals\n"
+        "class Hang:\n"
+        "    def __del__(self):  # in the final collection\n"
+        "        time.sleep(60)\n"
+        "hang = Hang()\n"
+        "def run():  # the stop ends it as a Ctrl-C does, down to the finalization\n"
+        f"    signals.watch_parent(grace=1, parent={gone.pid})\n"
+        "    time.sleep(60)\n"
+        "sys.exit(signals.main(run))\n"
+    )
+    begun = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT)
+    try:
+        assert proc.wait(timeout=30) == -signal.SIGALRM
+    finally:
+        proc.kill()
+    assert time.monotonic() - begun < 10
