@@ -187,6 +187,8 @@ def join(plan: devices.DevicePlan, args=None) -> World:
     )
     with processes.deadline(wait, line, cli.EXIT_BAD_INPUT):
         kv = mx.kv.create("dist_sync")
+    # Every worker waits at exit for the others, at the barrier of its kvstore's free: each
+    # frees it itself as it leaves, within a bound, should a peer be gone (`_leave`).
     signals.on_leaving(lambda: _leave(kv), stuck=False)
     local = devices.DevicePlan(plan.count // workers, plan.platform, plan.virtual)
     return World(kv.rank, kv.num_workers, mdev.get_devices(local), _push_pull(kv), plan, kv)
