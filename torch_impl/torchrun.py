@@ -4,7 +4,7 @@ workers with that signal, then the exception ends it with a traceback), and a fa
 a ChildFailedError (a traceback and a box under the worker's own output). Here a stop ends with
 exit 128 + the signal's number, and a failed worker with one line saying which and how; a
 worker that failed on bad input left its line for the launcher (launch.worker_main), which ends
-on it.
+on it alone: torchrun then says nothing.
 
 On one machine the launcher hosts the rendezvous store (launch._loopback). A launcher killed
 outright takes the store along, and torchrun's next store call fails (its exit barrier, its
@@ -37,14 +37,18 @@ def main() -> int:
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     if launcher is not None:
         _quiet_without(launcher)
-    # Its warning per worker it stops ("Sending process N closing signal SIGTERM"): the
-    # launcher says what happened, in one line.
-    logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.ERROR)
+    # Its warning per worker it stops ("Sending process N closing signal SIGTERM") and its
+    # error naming the first that failed: the line below, or the worker's own, says that.
+    api = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    api.setLevel(logging.ERROR)
+    api.addFilter(lambda record: not str(record.msg).startswith("failed (exitcode"))
     try:
         run.main()  # its arguments: sys.argv[1:]
     except SignalException as e:
         return 128 + int(e.sigval)
     except ChildFailedError as e:
+        if _worker_said_it():
+            return 1
         rank, failure = e.get_first_failure()
         how = f"exit code {failure.exitcode}"
         if failure.exitcode < 0:  # killed: nothing of its own said why
@@ -59,6 +63,13 @@ def main() -> int:
         _silence()
         return 128 + signal.SIGTERM
     return 0
+
+
+def _worker_said_it() -> bool:
+    """Whether a worker left its one-line error for the launcher (launch.worker_main), which
+    then ends on that line alone."""
+    said = os.environ.get(launch.ERROR_FILE_ENV)
+    return bool(said) and os.path.isfile(said)
 
 
 @contextlib.contextmanager

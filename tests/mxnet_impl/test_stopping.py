@@ -6,18 +6,16 @@ import signal
 
 import pytest
 
-from mxnet_impl import launch
 from tests.fixtures import bad_inputs, stopping
 
 pytestmark = [pytest.mark.slow, pytest.mark.multi_device]
 DIST = ["mxnet_impl", "--workload", "resnet18", "--gpus", "2", "--strategy", "dist"]
-SERVE = [launch.SERVE[-1]]  # the scheduler's and the server's command line
 
 
 def test_a_stop_signal_ends_the_run_and_every_process_it_started(tmp_path):
     """SIGTERM to the launcher; a closed terminal's SIGHUP is taken as SIGTERM is
     (common.signals.STOPS; tests/common/test_cli.py)."""
-    stopping.check_stop_signal(DIST, tmp_path, signal.SIGTERM, others=SERVE)
+    stopping.check_stop_signal(DIST, tmp_path, signal.SIGTERM)
 
 
 def test_a_launcher_killed_outright_takes_its_processes_along(tmp_path):
