@@ -107,17 +107,15 @@ READY = ready() { [ -e $(VENV)/$$1/.stamp ] && return; \
 # Each suite prints its seconds and its five slowest tests: a log says where the time went.
 TIER_test := not slow
 TIER_test-slow := slow
-# pytest-xdist: two tests at a time. Most wait on one core (an import, a compilation, another
-# process's start), so two at a time use a 2-core machine's second core; PYTEST_WORKERS=0: one
-# at a time. Tests of one xdist_group run on one worker, one after another (the cluster tests:
-# network namespaces and cores of their own; torch's compile tests: one graph built once,
-# then found in TorchInductor's cache); JAX's suite keeps a file's tests on one worker
-# (--dist loadfile): its tests share compiled programs within a process, which two workers
-# would each compile.
-PYTEST_WORKERS ?= 2
+# Each suite runs through tools/suite.py: pytest-xdist's two tests at a time (most wait on one
+# core: an import, a compilation, another process's start), an `xdist_group` on one worker (the
+# cluster tests, torch's compile tests), JAX's files each on one (shared compiled programs); a
+# crashed worker or a test past pytest-timeout's limit ends the suite, failing; the suite itself
+# is stopped after SUITE_LIMIT seconds, with one line naming it. PYTEST_WORKERS=0: one at a time.
+export PYTEST_WORKERS ?= 2
+export SUITE_LIMIT ?= 1200
 # How many of the slowest tests each suite lists (pytest --durations; 0: all).
-DURATIONS ?= 5
-xdist = $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist $(if $(filter jax,$(1)),loadfile,loadgroup))
+export DURATIONS ?= 5
 # JAX's persistent compilation cache, for the tests only: a program that one test process
 # compiled (an xdist worker, a run a test starts, an earlier `make test`) is read back by the
 # next instead of compiled again. The benchmarks keep compiling, as a user's first run does.
@@ -132,13 +130,8 @@ NUMPY_FREE := tests/common/test_cluster.py tests/common/test_supervise.py \
   tests/common/test_lessons_browser.py
 .PHONY: test-slow test-all
 test test-slow: setup
-	@status=0; start=$$(date +%s); $(READY); \
-	run() { echo "== pytest in $(VENV)/$$1: $${@:3}"; local t=$$(date +%s) x="$(xdist)"; \
-	        if [ $$1 = jax ]; then x="$(call xdist,jax)"; fi; \
-	        $(VENV)/$$1/bin/python -m pytest -q --durations=$(DURATIONS) $$x -m "$$2" "$${@:3}"; rc=$$?; \
-	        if [ $$rc -eq 5 ]; then rc=0; fi; \
-	        if [ $$rc -ne 0 ]; then echo "== FAILED in $$1 (exit $$rc)"; status=1; fi; \
-	        echo "== pytest in $(VENV)/$$1: $$(( $$(date +%s) - t )) s"; }; \
+	@status=0; start=$$(date +%s); $(READY); $(if $(filter AVX2,$(ISA)),export $(ISA_CAP);) \
+	run() { $(VENV)/base/bin/python -m tools.suite --venv $(VENV) "$$@" || status=1; }; \
 	run base "$(TIER_$@)" tests/common tests/compare; \
 	for f in $(SELECTED); do \
 	  ready $$f || continue; \
@@ -169,9 +162,14 @@ test-gpu:
 
 # --- numerics: the tests marked `numerics` (tests/fixtures/numerics.py), natively and with the CPU
 # instruction set capped at AVX2, so an AVX-512 machine also runs what an AVX2 machine runs
-# (oneDNN in torch, MKLDNN in MXNet, XLA:CPU in JAX each pick kernels by instruction set).
+# (oneDNN in torch, MKLDNN in MXNet, XLA:CPU in JAX each pick kernels by instruction set). They
+# run as `make test` runs them (tools/suite.py: two workers, each with its share of the cores),
+# so the capped run computes with the threads an AVX2 machine's `make test` does.
+# `make test ISA=AVX2` (or test-slow) runs a whole tier capped.
 NUMERICS_ISAS ?= native AVX2
-ISA_CAP = ONEDNN_MAX_CPU_ISA=AVX2 DNNL_MAX_CPU_ISA=AVX2 XLA_FLAGS="$$XLA_FLAGS --xla_cpu_max_isa=AVX2"
+# torch: ATen's kernels and TorchInductor's generated C++ (ATEN_CPU_CAPABILITY), oneDNN, MKL.
+ISA_CAP = ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 DNNL_MAX_CPU_ISA=AVX2 \
+  MKL_ENABLE_INSTRUCTIONS=AVX2 XLA_FLAGS="$$XLA_FLAGS --xla_cpu_max_isa=AVX2"
 numerics: setup
 	@status=0; $(READY); \
 	for isa in $(NUMERICS_ISAS); do \
@@ -179,7 +177,7 @@ numerics: setup
 	    ready $$f || continue; \
 	    echo "== numerics in $(VENV)/$$f, ISA $$isa"; \
 	    ( if [ $$isa = AVX2 ]; then export $(ISA_CAP); fi; \
-	      $(VENV)/$$f/bin/python -m pytest -q -m numerics tests/$${f}_impl ) \
+	      $(VENV)/base/bin/python -m tools.suite --venv $(VENV) $$f numerics tests/$${f}_impl ) \
 	      || { echo "== FAILED: numerics in $$f, ISA $$isa"; status=1; }; \
 	  done; \
 	done; \

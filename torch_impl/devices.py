@@ -1,6 +1,7 @@
 """A DevicePlan as torch devices, the barrier for the timer, versions, threads and usage for the
 record, how a GPU trains (its layout and the compile mode of --compile) and --profile's tracer."""
 
+import logging
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -103,6 +104,7 @@ def compile_model(net: torch.nn.Module, device: torch.device, n_devices: int = 1
     last, partial batch) compiles for a symbolic batch (the full batches keep their own graph
     either way)."""
     mode = compile_mode(device, n_devices)
+    _quiet_cuda_home(device)
     net.compile(mode=mode, dynamic=False)
     return _warmup_calls(mode)
 
@@ -112,7 +114,20 @@ def compile_function(fn, device: torch.device, n_devices: int = 1):
     lenet's forward, a function of the images and the parameters, which are inputs of the graph
     (updated in place between calls, never baked in as constants)."""
     mode = compile_mode(device, n_devices)
+    _quiet_cuda_home(device)
     return torch.compile(fn, mode=mode, dynamic=False), _warmup_calls(mode)
+
+
+def _quiet_cuda_home(device: torch.device) -> None:
+    """On a CPU, TorchInductor's C++ build looks for CUDA (torch.utils.cpp_extension), which
+    warns, where an nvcc is on the PATH, that it found no CUDA runtime: nothing it builds for
+    a CPU uses CUDA, so the line is only noise in a CPU run's output."""
+    if device.type == "cpu":
+        logging.getLogger("torch.utils.cpp_extension").addFilter(_not_cuda_home)
+
+
+def _not_cuda_home(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith("No CUDA runtime is found")
 
 
 def new_step() -> None:
