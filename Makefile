@@ -80,7 +80,7 @@ setup: $(VENV)/base/.stamp $(foreach f,$(SELECTED),$(VENV)/$(f)/.stamp)
 # results stay valid) unless UPGRADE=1. One universal file per environment, for every Python of
 # its list; then each is checked to install from wheels alone on x86_64 Linux for each of them.
 LOCKS := base torch jax jax-cuda mxnet
-extras_of = $(if $(filter base,$(1)),dev,$(1) dev)
+extras_of = $(if $(filter base,$(1)),dev report docs,$(1) dev $(if $(filter mxnet,$(1)),report))
 .PHONY: lock $(LOCKS:%=lock-%)
 lock: $(LOCKS:%=lock-%)
 $(LOCKS:%=lock-%): lock-%: | $(filter $(VENV)/tools/bin/uv,$(UV))

@@ -214,7 +214,15 @@ def load(paths, skip_bad: bool = False, warnings: list[str] | None = None) -> li
                     if not isinstance(data, dict):
                         raise ResultsError("not a JSON object")
                     records.append(Record.from_dict(data))
-                except (UnicodeDecodeError, json.JSONDecodeError, ResultsError, TypeError) as e:
+                # ValueError: a number past Python's digit limit (json's own errors are one);
+                # RecursionError: brackets nested past the parser's stack.
+                except (
+                    UnicodeDecodeError,
+                    ValueError,
+                    RecursionError,
+                    ResultsError,
+                    TypeError,
+                ) as e:
                     message = f"{path}:{number}: bad results line ({_short(e)})"
                     if not skip_bad:
                         raise ResultsError(message) from None
@@ -229,15 +237,20 @@ CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
-def printable(value):
+MAX_DEPTH = 32  # a record nests a few levels; deeper is no record, and would recurse later
+
+
+def printable(value, depth: int = 0):
     """`value` (a record's JSON) with its strings printable: each control character a space
-    (as the report's escapes make it), each lone surrogate `?`."""
+    (as the report's escapes make it), each lone surrogate `?`. Nested past MAX_DEPTH: refused."""
+    if depth > MAX_DEPTH:
+        raise ResultsError(f"nested deeper than {MAX_DEPTH} levels")
     if isinstance(value, str):
         return SURROGATE.sub("?", CONTROL.sub(" ", value))
     if isinstance(value, dict):
-        return {printable(k): printable(v) for k, v in value.items()}
+        return {printable(k): printable(v, depth + 1) for k, v in value.items()}
     if isinstance(value, list):
-        return [printable(v) for v in value]
+        return [printable(v, depth + 1) for v in value]
     return value
 
 

@@ -1,3 +1,4 @@
+import dataclasses
 import errno
 import json
 import multiprocessing
@@ -59,6 +60,37 @@ def test_bad_line_is_reported_with_file_and_line(tmp_path, bad):
     assert len(warnings) == 1 and ":2:" in warnings[0]
     if bad != b'{"framework": "torch", "workl\n':
         assert "(not UTF-8 text: byte 0x" in warnings[0]
+
+
+@pytest.mark.parametrize(
+    "bad, why",
+    [
+        (b'{"devices": ' + b"9" * 5000 + b"}\n", "Exceeds the limit"),
+        (b"[" * 100_000 + b"]" * 100_000 + b"\n", "maximum recursion depth"),
+        (None, "nested deeper than 32 levels"),
+    ],
+    ids=["5000 digits", "100000 brackets", "extra nests 900 objects"],
+)
+def test_lines_that_break_the_parser_are_bad_lines(tmp_path, bad, why):
+    """A number past Python's digit limit (ValueError), brackets past the parser's stack
+    (RecursionError), and a record nested past MAX_DEPTH (which would recurse wherever it is
+    read) are bad lines like any other: skipped with file:line, the good records kept."""
+    if bad is None:
+        rec = dataclasses.asdict(make())
+        nest = {}
+        for _ in range(900):
+            nest = {"x": nest}
+        rec["extra"] = nest
+        bad = (json.dumps(rec) + "\n").encode()
+    path = tmp_path / "r.jsonl"
+    results.append(make(), path)
+    with path.open("ab") as f:
+        f.write(bad)
+    with pytest.raises(results.ResultsError, match=r"r\.jsonl:2: bad results line"):
+        results.load(path)
+    warnings = []
+    assert len(results.load(path, skip_bad=True, warnings=warnings)) == 1
+    assert len(warnings) == 1 and ":2: bad results line" in warnings[0] and why in warnings[0]
 
 
 def test_record_missing_fields_is_a_bad_line(tmp_path):
