@@ -167,9 +167,12 @@ test-gpu:
 # so the capped run computes with the threads an AVX2 machine's `make test` does.
 # `make test ISA=AVX2` (or test-slow) runs a whole tier capped.
 NUMERICS_ISAS ?= native AVX2
-# torch: ATen's kernels and TorchInductor's generated C++ (ATEN_CPU_CAPABILITY), oneDNN, MKL.
+# torch: ATen's kernels and TorchInductor's generated C++ (ATEN_CPU_CAPABILITY), oneDNN, MKL;
+# TorchInductor's cache of its own, since it mixes up kernels built at another ISA
+# (docs/design.md, Traps).
 ISA_CAP = ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 DNNL_MAX_CPU_ISA=AVX2 \
-  MKL_ENABLE_INSTRUCTIONS=AVX2 XLA_FLAGS="$$XLA_FLAGS --xla_cpu_max_isa=AVX2"
+  MKL_ENABLE_INSTRUCTIONS=AVX2 XLA_FLAGS="$$XLA_FLAGS --xla_cpu_max_isa=AVX2" \
+  TORCHINDUCTOR_CACHE_DIR=$(TEST_CACHE)/inductor-avx2
 numerics: setup
 	@status=0; $(READY); \
 	for isa in $(NUMERICS_ISAS); do \

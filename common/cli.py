@@ -2,7 +2,7 @@
 arguments, their checks, and the entry point.
 
 Each framework's `__main__` calls `run(framework, argv, before_import, load)` under
-`signals.main` (a torchrun rank calls `start` inside torch_impl.launch.worker_main, which ends it
+`signals.main` (a torchrun rank calls `start` inside torch_impl.guard.worker_main, which ends it
 for torchrun): the arguments are parsed and checked, the devices resolved and the workload's
 config built here, before any framework is imported; then `before_import(plan)`
 (the framework's settings that must precede its import), `load(workload)`, which imports the

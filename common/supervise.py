@@ -20,8 +20,9 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from common import processes
+from common import config, processes
 
 POLL_S = 0.2
 CHECK_S = 1.0  # the checks (a namespace's processes, a link's state) run `ip`: once a second
@@ -211,6 +212,76 @@ class Group:
                 m.popen.wait(5)
             if m.tee is not None:
                 m.tee.join(2)
+
+
+# --- an engine's launcher of workers (torchrun), supervised from outside ------------------------
+# Its workers tell this launcher, through files their environment names: that they are up (a
+# run over several machines: every node has joined), their pids (to kill any that outlive the
+# engine's launcher), and their one-line error (the run's line, said once for all).
+READY_FILE_ENV = "MULTIDEVICE_WORKER_READY_FILE"
+PIDS_FILE_ENV = "MULTIDEVICE_WORKER_PIDS_FILE"
+ERROR_FILE_ENV = "MULTIDEVICE_WORKER_ERROR_FILE"
+WORKER_FILES = (READY_FILE_ENV, PIDS_FILE_ENV, ERROR_FILE_ENV)
+LAUNCHER_STOP_S = 40.0  # after SIGTERM, torchrun gives its workers 30 s, then kills them
+
+
+def run_launcher(cmd, env: dict, ready_within=None, not_ready: str = "", cwd=None) -> int:
+    """`cmd`, an engine's launcher of workers, in a session of its own, to its end: its exit
+    code. With `ready_within`, a worker must say it is up within that many seconds, else the
+    run ends with `not_ready` (config.ConfigError). A stopped worker (SIGSTOP) ends the run in
+    one line, where its peers would wait for it in a collective. However it ends (a Ctrl-C
+    here too), the launcher gets SIGTERM to stop its workers, then SIGKILL, and any worker
+    that outlived it is killed."""
+    with Group("launcher") as group:
+        member = group.start("launcher", cmd, env, capture=None, cwd=cwd)
+        try:
+            if ready_within is not None:
+                ready, deadline = Path(env[READY_FILE_ENV]), time.monotonic() + ready_within
+                while member.alive() and not ready.exists():
+                    if time.monotonic() > deadline:
+                        raise config.ConfigError(not_ready)
+                    time.sleep(POLL_S)
+            while True:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    return member.popen.wait(CHECK_S)
+                if reason := stopped_member(group):
+                    group.stop()  # at once: a stopped worker would hold the launcher's own stop
+                    print(f"error: {reason}; every process was stopped", file=sys.stderr)
+                    raise SystemExit(1)
+        finally:
+            group.stop(LAUNCHER_STOP_S)
+            kill_noted(Path(env[PIDS_FILE_ENV]))
+
+
+def worker_error(env: dict) -> tuple[int, str] | None:
+    """(exit code, line) of the first worker that left its error, if one did."""
+    said = Path(env[ERROR_FILE_ENV])
+    if not said.is_file():
+        return None
+    code, line = said.read_text().splitlines()[0].split(" ", 1)
+    return int(code), line
+
+
+def kill_noted(pids_file: Path) -> None:
+    """SIGKILL the workers that outlived their launcher (one SIGKILLed before it had stopped
+    them): the pids they noted, each only if its environment still names that file (a pid may
+    have been reused)."""
+    mark = f"{PIDS_FILE_ENV}={pids_file}".encode()
+    pids = pids_file.read_text().split() if pids_file.is_file() else []
+    for pid in map(int, pids):
+        with contextlib.suppress(OSError):  # gone already, or not ours to read
+            if mark in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                os.kill(pid, signal.SIGKILL)
+
+
+def note(name: str, text: str = "") -> bool:
+    """A worker's word to its launcher: `text` appended to the file `name` names (READY_FILE_ENV:
+    just made), where there is one; whether there was."""
+    path = os.environ.get(name)
+    if path:
+        with open(path, "a") as f:
+            f.write(text)
+    return bool(path)
 
 
 def _signal(m: Member, sig: int) -> None:

@@ -152,21 +152,32 @@ def loss_fn(logits, labels):
     return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
 
-def train_step(net, optimizer, state, x, y, axis_name=None):
-    """One SGD step; returns its mean loss (not synced). JAX passes the state (params,
-    batch_stats, opt_state) in and out."""
+def gradients(net, state, x, y, params=None):
+    """(mean loss, its gradients at `params`, the BatchNorm statistics the batch leaves) on a
+    batch; `params`: the state's by default (shard_map passes each device's own copy)."""
 
     def loss_of(params):
         variables = {"params": params, "batch_stats": state["batch_stats"]}
         logits, new = net.apply(variables, x, train=True, mutable=["batch_stats"])
         return loss_fn(logits, y), new.get("batch_stats", state["batch_stats"])
 
-    (loss, batch_stats), grads = jax.value_and_grad(loss_of, has_aux=True)(state["params"])
-    if axis_name is not None:  # per-device code: average the gradients (jit sharding needs none)
-        grads, loss = lax.pmean((grads, loss), axis_name)
+    at = state["params"] if params is None else params
+    (loss, batch_stats), grads = jax.value_and_grad(loss_of, has_aux=True)(at)
+    return loss, grads, batch_stats
+
+
+def apply_gradients(optimizer, state, grads, batch_stats):
+    """The state after one SGD step with `grads`: JAX passes the state (params, batch_stats,
+    opt_state) in and out."""
     updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
     params = optax.apply_updates(state["params"], updates)
-    return {"params": params, "batch_stats": batch_stats, "opt_state": opt_state}, loss
+    return {"params": params, "batch_stats": batch_stats, "opt_state": opt_state}
+
+
+def train_step(net, optimizer, state, x, y):
+    """One SGD step; returns the new state and its mean loss (not synced)."""
+    loss, grads, batch_stats = gradients(net, state, x, y)
+    return apply_gradients(optimizer, state, grads, batch_stats), loss
 
 
 def evaluate(net, state, x, y, mask=True):
@@ -182,8 +193,8 @@ def evaluate(net, state, x, y, mask=True):
 
 def pmap(net, optimizer, world):
     """jax.pmap: the state and the data set copied to every device (a leading device axis), each
-    device its row of every batch; train_step pmeans the gradients over 'data' (and BatchNorm
-    its statistics: the net's axis_name), so every copy takes the same step. One process."""
+    device its row of every batch; the step pmeans the gradients over 'data' (and BatchNorm its
+    statistics: the net's axis_name), so every copy takes the same step. One process."""
     devices, n = world.devices, len(world.devices)
     stacked = NamedSharding(Mesh(np.array(devices), (AXIS,)), P(AXIS))  # row i on device i
 
@@ -196,8 +207,9 @@ def pmap(net, optimizer, world):
 
     @partial(jax.pmap, axis_name=AXIS, devices=devices, donate_argnums=0)
     def step(state, x, y, rows):
-        state, loss = train_step(net, optimizer, state, x[rows], y[rows], AXIS)
-        return state, loss * len(rows) * n  # the mean over the global batch, times its size
+        loss, grads, stats = gradients(net, state, x[rows], y[rows])
+        grads, loss = lax.pmean((grads, loss), AXIS)  # every device's, averaged
+        return apply_gradients(optimizer, state, grads, stats), loss * len(rows) * n
 
     @partial(jax.pmap, axis_name=AXIS, devices=devices)
     def count(state, x, y, rows, mask):
@@ -215,14 +227,11 @@ def pmap(net, optimizer, world):
 
 def shard_map(net, optimizer, world):
     """jax.shard_map over a Mesh, the state and the data set replicated, each batch split on
-    'data': each device runs train_step on its rows, which pmeans the gradients (and BatchNorm
-    its statistics: the net's axis_name), so N devices compute what one does on the whole batch."""
+    'data': each device differentiates its own copy of the weights (the replicated ones' gradient
+    is summed over the devices already) and pmeans the gradients, BatchNorm its statistics."""
     n = len(world.devices)
     mesh = Mesh(np.array(world.devices), (AXIS,))
     replicated, batch = NamedSharding(mesh, P()), NamedSharding(mesh, P(AXIS))
-    # check_vma=False: each device differentiates its own copy of the parameters, which the pmean
-    # averages (with the check, grad sums over the devices already: the pmean leaves N times it).
-    per_device = partial(jax.shard_map, mesh=mesh, out_specs=P(), check_vma=False)
 
     def place(arrays):  # every device holds the whole data set and state
         return jax.device_put(arrays, replicated)
@@ -232,10 +241,12 @@ def shard_map(net, optimizer, world):
         return (jax.device_put(r, batch) for r in rows)
 
     @partial(jax.jit, donate_argnums=0)
-    @partial(per_device, in_specs=(P(), P(), P(), P(AXIS)))
+    @partial(jax.shard_map, mesh=mesh, in_specs=(P(), P(), P(), P(AXIS)), out_specs=P())
     def step(state, x, y, rows):
-        state, loss = train_step(net, optimizer, state, x[rows], y[rows], AXIS)
-        return state, loss * len(rows) * n  # the mean over the global batch, times its size
+        mine = lax.pcast(state["params"], AXIS, to="varying")  # this device's own copy
+        loss, grads, stats = gradients(net, state, x[rows], y[rows], mine)
+        grads, loss = lax.pmean((grads, loss), AXIS)  # every device's, averaged
+        return apply_gradients(optimizer, state, grads, stats), loss * len(rows) * n
 
     count = jax.jit(lambda state, x, y, idx, mask: evaluate(net, state, x[idx], y[idx], mask))
 

@@ -48,6 +48,16 @@ def float_sum(values: list[mx.nd.NDArray]) -> float:
     return sum(float(v.asscalar()) for v in values)
 
 
+def pull_weights_first(trainer) -> None:
+    """Pull a dist_sync Trainer's weights now, before its first step. Its first call pulls
+    them lazily, and its first step then pushes the gradients on the same keys, unordered by
+    the engine: a late pull would get a step's gradient sum as the weights (docs/design.md,
+    Traps). `update` sets the kvstore up as every call does, and updates nothing before any
+    backward (ignore_stale_grad)."""
+    trainer.update(1, ignore_stale_grad=True)
+    mx.nd.waitall()
+
+
 def sync(devs=None) -> None:
     """MXNet's engine is asynchronous: wait for every queued operation."""
     mx.nd.waitall()

@@ -19,6 +19,7 @@ import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon, nd
 from mxnet.gluon import nn
+from mxnet.gluon.utils import split_and_load
 
 from common import config, data, harness, training, utilization, weights
 from mxnet_impl import devices as mdev
@@ -154,20 +155,18 @@ def evaluate(net, x, y):
     return (net(x).argmax(axis=1) == y.astype("float32")).sum()
 
 
-def _split_over_contexts(net, trainer, devices):
-    """Both strategies' work on the rows of a batch this process takes: split over its contexts."""
+def _rows_of(idx, rank, workers, n_contexts):
+    """Worker `rank`'s rows of a batch: equal parts per context, the remainder to the last."""
+    part = len(idx) // (workers * n_contexts) * n_contexts
+    return idx[rank * part : None if rank == workers - 1 else (rank + 1) * part]
 
-    def split(x, y, rows):  # rows: an index NDArray; the last context takes the remainder
-        return [gluon.utils.split_and_load(a.take(rows), devices, even_split=False) for a in (x, y)]
 
-    def train_on(x, y, rows, batch_size):  # the losses summed on the first context, not synced
-        return mdev.add_up(train_step(net, trainer, *split(x, y, rows), batch_size))
-
-    def correct_on(x, y, rows):  # rows: host indices; the count on the first context, not synced
-        xs, ys = split(x, y, nd.array(rows, ctx=devices[0], dtype="int64"))
-        return mdev.add_up([evaluate(net, *xy) for xy in zip(xs, ys, strict=True)])
-
-    return train_on, correct_on
+def _correct_on(net, devices, x, y, rows):
+    """Correct predictions on the test rows `rows` (host indices), split over the contexts;
+    the count on the first context (not synced)."""
+    rows = nd.array(rows, ctx=devices[0], dtype="int64")
+    xs, ys = (split_and_load(a.take(rows), devices, even_split=False) for a in (x, y))
+    return mdev.add_up([evaluate(net, *xy) for xy in zip(xs, ys, strict=True)])
 
 
 # --- the parallelism: one function per strategy ------------------------------------------------
@@ -182,7 +181,6 @@ def context_list(net, optimizer, world):
     params.reset_ctx(devices)
     # The kvstore only sums: an updating kvstore would keep a copy that set_weights misses.
     trainer = gluon.Trainer(params, optimizer, kvstore="device", update_on_kvstore=False)
-    train_on, correct_on = _split_over_contexts(net, trainer, devices)
 
     def place(arrays):  # on the first context, where each batch is split from
         return mdev.to_device(data.as_float(arrays, np.int32), devices[0])
@@ -190,11 +188,12 @@ def context_list(net, optimizer, world):
     def shard(batches):  # every batch whole, in one copy: split_and_load splits it
         return mdev.one_copy(batches, devices[0])
 
-    def step(x, y, idx):
-        return train_on(x, y, idx, len(idx))
+    def step(x, y, idx):  # a part of the batch on each context; the Trainer sums the gradients
+        xs, ys = (split_and_load(a.take(idx), devices, even_split=False) for a in (x, y))
+        return mdev.add_up(train_step(net, trainer, xs, ys, len(idx)))
 
     def correct(x, y, idx):
-        return correct_on(x, y, idx)
+        return _correct_on(net, devices, x, y, idx)
 
     def total(losses, hits):  # one process: nothing to add up across processes
         return mdev.float_sum(losses), mdev.float_sum(hits)
@@ -204,39 +203,31 @@ def context_list(net, optimizer, world):
 
 def dist_sync(net, optimizer, world):
     """MXNet's parameter server: this process is worker `world.rank` of kvstore dist_sync
-    (`world.group`), with its own contexts as in `context_list`, and takes its share of each
-    global batch; the Trainer sums the gradients over its contexts, pushes the sum to the servers,
-    which add up every worker's, and pulls the total, so every worker takes the same step."""
+    (`world.group`), its own contexts as in `context_list`, on its share of each global batch;
+    the Trainer pushes its contexts' gradient sum to the servers, which add up every worker's,
+    and pulls the total: every worker takes the same step."""
     devices, params = world.devices, net.collect_params()
     params.reset_ctx(devices)
     # The servers only sum (update_on_kvstore=False) and each worker updates its own copy: the
     # servers' update would keep the first step's 1/batch, and an epoch's last batch is smaller.
     trainer = gluon.Trainer(params, optimizer, kvstore=world.group, update_on_kvstore=False)
-    # The Trainer's first call pulls the weights, and its first step then pushes the gradients
-    # on the same keys, unordered by the engine: a late pull would get a step's gradient sum as
-    # the weights. So the weights are pulled first: `update` sets the kvstore up as every call
-    # does, and updates nothing before any backward (ignore_stale_grad).
-    trainer.update(1, ignore_stale_grad=True)
-    nd.waitall()
-    train_on, correct_on = _split_over_contexts(net, trainer, devices)
-
-    def own(idx):  # this worker's rows: equal parts per context, the remainder to the last worker
-        part = len(idx) // (world.size * len(devices)) * len(devices)
-        lo = world.rank * part
-        return idx[lo : len(idx) if world.rank == world.size - 1 else lo + part]
+    mdev.pull_weights_first(trainer)  # before any gradient is pushed on the same keys
 
     def place(arrays):  # every worker holds the whole data set on its first context
         return mdev.to_device(data.as_float(arrays, np.int32), devices[0])
 
     def shard(batches):  # this worker's share of every global batch, in one copy; and its size
-        rows = mdev.one_copy([own(idx) for idx in batches], devices[0])
+        mine = [_rows_of(idx, world.rank, world.size, len(devices)) for idx in batches]
+        rows = mdev.one_copy(mine, devices[0])
         return zip(rows, [len(idx) for idx in batches], strict=True)
 
-    def step(x, y, part):  # part: this worker's rows and the global batch's size
-        return train_on(x, y, *part)
+    def step(x, y, part):  # this worker's rows over its contexts; the global batch's size
+        rows, batch_size = part
+        xs, ys = (split_and_load(a.take(rows), devices, even_split=False) for a in (x, y))
+        return mdev.add_up(train_step(net, trainer, xs, ys, batch_size))
 
     def correct(x, y, idx):  # this worker's share of the test batch
-        return correct_on(x, y, own(idx))
+        return _correct_on(net, devices, x, y, _rows_of(idx, world.rank, world.size, len(devices)))
 
     def total(losses, hits):  # summed over the workers: the servers add up what each pushes
         return world.sum(np.array([mdev.float_sum(losses), mdev.float_sum(hits)])).tolist()

@@ -25,9 +25,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ISA_CAP = {
+    "ATEN_CPU_CAPABILITY": "avx2",  # torch's ATen kernels and TorchInductor's generated C++
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",  # MKL, under torch's and MXNet's GEMMs
     "ONEDNN_MAX_CPU_ISA": "AVX2",  # torch's oneDNN
     "DNNL_MAX_CPU_ISA": "AVX2",  # MXNet 1.9's MKLDNN (oneDNN 2.x reads this name)
     "XLA_FLAGS": "--xla_cpu_max_isa=AVX2",  # XLA:CPU's code generation
+    # TorchInductor's own cache: it mixes up kernels built at another ISA (docs/design.md)
+    "TORCHINDUCTOR_CACHE_DIR": str(ROOT / "build" / "test-cache" / "inductor-avx2"),
 }
 TIMEOUT_S = 600
 

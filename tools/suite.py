@@ -128,6 +128,9 @@ def main(argv=None) -> int:
     args, more = p.parse_known_args(argv)  # the rest goes to pytest as it is (--ignore=PATH)
     if not args.limit > 0:
         p.error(f"--limit {args.limit:g}: give the suite's bound in seconds, above 0")
+    missing = [path for path in args.paths if not (ROOT / path).exists()]
+    if missing:  # under xdist, pytest counts a missing path as "no tests ran" (exit 5)
+        p.error(f"no such test path: {', '.join(missing)}")
     name = f"{args.venv}/{args.env}"
     python = str(ROOT / args.venv / args.env / "bin" / "python")
     cmd = pytest_command(

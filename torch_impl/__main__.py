@@ -33,10 +33,10 @@ def run(argv: list[str] | None = None) -> int:
 def main() -> int:
     # Imported here, under signals.main: a stop while numpy and torch import is one line too.
     from common import cli
-    from torch_impl import launch
+    from torch_impl import guard
 
-    if launch.is_worker():  # one of torchrun's ranks
-        launch.worker_main(lambda: cli.start("torch", sys.argv[1:], load=load))
+    if guard.is_worker():  # one of torchrun's ranks
+        guard.worker_main(lambda: cli.start("torch", sys.argv[1:], load=load))
     return run()
 
 

@@ -63,7 +63,7 @@ def worker(hooks, stage_of, make_data):
     spec = json.loads(os.environ[SPEC_ENV])
     cfg = config.Resnet50Config(**{**spec["cfg"], "split_sizes": tuple(spec["cfg"]["split_sizes"])})
     plan = devices.DevicePlan(1, "gpu" if spec["gpu"] else "cpu", not spec["gpu"])
-    joined = launch.join(plan)  # left as the worker ends (launch.worker_main)
+    joined = launch.join(plan)  # left as the worker ends (guard.worker_main)
     rank, world, device = joined.rank, joined.size, joined.devices[0]
     stage_module = stage_of(cfg, rank, world, device)
     schedule = _schedule(spec, cfg, stage_module, rank, world, device)

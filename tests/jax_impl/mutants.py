@@ -47,8 +47,8 @@ MUTANTS = [
         "jax",
         f"{R18}::test_two_devices_equal_one_device_with_batchnorm[pmap]",
         "jax_impl/resnet18.py",
-        "        grads, loss = lax.pmean((grads, loss), axis_name)",
-        "        loss = lax.pmean(loss, axis_name)",
+        "y[rows])\n        grads, loss = lax.pmean((grads, loss), AXIS)",
+        "y[rows])\n        loss = lax.pmean(loss, AXIS)",
         "pmap without the gradient all-reduce: each device steps on its own half-batch gradient",
     ),
     Mutant(
@@ -56,19 +56,19 @@ MUTANTS = [
         "jax",
         f"{R18}::test_two_devices_equal_one_device_with_batchnorm[pmap]",
         "jax_impl/resnet18.py",
-        "        grads, loss = lax.pmean((grads, loss), axis_name)",
-        "        grads, loss = lax.psum((grads, loss), axis_name)",
+        "y[rows])\n        grads, loss = lax.pmean((grads, loss), AXIS)",
+        "y[rows])\n        grads, loss = lax.psum((grads, loss), AXIS)",
         "gradients psum'd instead of pmean'd: every step N times too large",
     ),
     Mutant(
-        "jax-r18-shard-map-checked-grad",
+        "jax-r18-shard-map-replicated-grad",
         "jax",
         f"{R18}::test_two_devices_equal_one_device_with_batchnorm[shard_map]",
         "jax_impl/resnet18.py",
-        "out_specs=P(), check_vma=False)",
-        "out_specs=P())",
-        "shard_map's default check_vma: grad already sums replicated parameters' gradients over "
-        "the devices, and the pmean leaves N times the gradient",
+        'mine = lax.pcast(state["params"], AXIS, to="varying")',
+        'mine = state["params"]',
+        "the replicated weights differentiated, not each device's copy: grad sums their "
+        "gradients over the devices already, and the pmean leaves N times the gradient",
     ),
     Mutant(
         "jax-lenet-allreduce-term",

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from common import cli, signals
-from mxnet_impl import launch
+from mxnet_impl import guard, launch
 from mxnet_impl.__main__ import load
 from tests.fixtures import numerics, runs, stopping
 from tests.mxnet_impl import dist_steps
@@ -137,9 +137,9 @@ def test_a_worker_stopped_after_its_peers_died_still_ends():
     scheduler. A worker stopped after the scheduler and the server died (its launcher killed
     outright took them along) ends on the stop's line within the bound all the same, instead
     of waiting there forever."""
-    env = launch._environment(1, 1, launch._port(), 1)
+    env = guard.process_environment(launch.environment(1, 1, guard.port()), 1, 1)
     roles = ("scheduler", "server")
-    peers = [subprocess.Popen(launch.SERVE, env={**env, "DMLC_ROLE": r}, cwd=ROOT) for r in roles]
+    peers = [subprocess.Popen(guard.SERVE, env={**env, "DMLC_ROLE": r}, cwd=ROOT) for r in roles]
     try:
         begun = time.monotonic()
         out = subprocess.run(

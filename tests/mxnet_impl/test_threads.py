@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from common import devices
-from mxnet_impl import launch
+from mxnet_impl import guard, launch
 
 ROOT = Path(__file__).resolve().parents[2]
 CORES = devices.cores_allowed()
@@ -45,5 +45,5 @@ def test_a_users_thread_count_is_kept(tmp_path):
 @pytest.mark.parametrize(("own", "each"), [("4", 2), ("1", 1), ("", CORES // 2 or 1)])
 def test_dist_workers_share_the_launchers_threads(own, each, monkeypatch):
     monkeypatch.setenv(devices.OMP_THREADS_ENV, own)
-    env = launch._environment(workers=2, servers=1, port=9000, n_contexts=2)
+    env = guard.process_environment(launch.environment(2, 1, 9000), workers=2, n_contexts=2)
     assert env[devices.OMP_THREADS_ENV] == str(each)

@@ -26,7 +26,7 @@ from torch._dynamo.utils import counters
 from common import checks, cli, config, devices, harness
 from tests.fixtures import numerics, runs
 from torch_impl import devices as tdev
-from torch_impl import launch
+from torch_impl import guard
 from torch_impl import resnet18 as r18
 
 # Width 8, not 4: at 4 the first shortcut's backward (4 input channels) corrupts the heap on an
@@ -159,7 +159,7 @@ def test_compiled_ddp_smoke_run_is_recorded_compiled_with_compile_time_in_warm_u
     try:
         r18.main(args, plan, cli.config_of(args), harness.Hooks("torch", tdev))
     finally:
-        launch.end_process_group()
+        guard.end_process_group()
     (rec,) = [json.loads(line) for line in path.read_text().splitlines()]
     assert rec["strategy"] == "ddp" and rec["extra"]["compiled"] is True
     assert rec["extra"]["compile_mode"] == "default"  # a CPU: no CUDA graphs
@@ -229,3 +229,13 @@ def test_onednns_avx2_trap_is_still_there_at_width_4():
     a fixed oneDNN: the note in docs/design.md and the width's reason can go."""
     out = _trap(4)
     assert out.returncode != 0 and "ok" not in out.stdout, out.stdout + out.stderr
+
+
+def test_every_isa_cap_gives_torchinductor_a_cache_of_its_own():
+    """TorchInductor's cache mixes up kernels built at a capped ISA with the machine's own
+    (docs/design.md, Traps): each capped run of the project names a cache of its own."""
+    from tests import numerics_mutants
+
+    cap = (ROOT / "Makefile").read_text().split("\nISA_CAP = ", 1)[1].split("\nnumerics:", 1)[0]
+    assert "ATEN_CPU_CAPABILITY=avx2" in cap and "TORCHINDUCTOR_CACHE_DIR=" in cap, cap
+    assert "inductor-avx2" in numerics_mutants.ISA_CAP["TORCHINDUCTOR_CACHE_DIR"]

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from common import cli
+from common import cli, supervise
 from tests.fixtures import interrupt, numerics
-from torch_impl import launch
+from torch_impl import guard, launch
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ast.get_docstring(ast.parse((ROOT / "torch_impl" / "launch.py").read_text()))
@@ -74,11 +74,18 @@ def ends_in_one_line(proc: subprocess.Popen, timeout: float) -> tuple[str, float
     return err.strip().splitlines()[-1], took
 
 
-def test_the_documented_torchrun_command_is_what_the_launcher_runs():
-    text = block("python -m torch.distributed.run")
+def test_the_documented_torchrun_commands_are_what_the_launcher_runs():
+    """The docstring's two torchrun commands, one machine's and a node's of several, hold the
+    options launch.torchrun_command gives torchrun (guard.py adds its own around them)."""
+    starts = DOC.split("\n  python -m torch.distributed.run")[1:]
+    one, several = (" ".join(t.split("\n\n", 1)[0].replace("\\\n", " ").split()) for t in starts)
     nodes = launch.Nodes(2, 0, "HOST:29500", cli.RDZV_TIMEOUT_S)
-    for option in [*nodes.torchrun_options("ADDR"), "--nproc-per-node=G", "-m torch_impl "]:
-        assert option in text, f"the docstring's torchrun command lacks {option}"
+    for text, cmd in [
+        (one, launch.torchrun_command(["--workload"], "N")),
+        (several, launch.torchrun_command(["..."], "G", nodes)),
+    ]:
+        options = " ".join(cmd[3:])  # after `python -m torch.distributed.run`
+        assert options in text, f"the docstring says {text!r}, the launcher {options!r}"
 
 
 def test_the_timeout_line_names_the_nodes_waited_for():
@@ -150,7 +157,7 @@ def _processes_of(marker: str, workers_only=False):
     """The torchruns and workers of the run whose results path is `marker` (not the
     launchers); a worker is `python -m torch_impl` in torchrun's environment."""
     workers = interrupt.workers_of(marker, b"TORCHELASTIC_RUN_ID")
-    torchruns = [] if workers_only else interrupt.processes_of(marker, (b"torch_impl.torchrun",))
+    torchruns = [] if workers_only else interrupt.processes_of(marker, (b"torch_impl.guard",))
     return torchruns + workers
 
 
@@ -188,11 +195,11 @@ def test_ctrl_c_stops_every_process_of_the_node(tmp_path):
 
 
 def test_workers_left_by_torchrun_are_killed_and_only_they(tmp_path):
-    """launch._kill_workers: a worker (launch.worker_main wrote its pid) that outlived torchrun
+    """supervise.kill_noted: a worker (guard.worker_main noted its pid) that outlived torchrun
     is killed; a process whose environment does not name the same file is left alone."""
     pids = tmp_path / "pids"
-    code = "from torch_impl import launch; import time; launch.worker_main(lambda: time.sleep(60))"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), launch.PIDS_FILE_ENV: str(pids)}
+    code = "from torch_impl import guard; import time; guard.worker_main(lambda: time.sleep(60))"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), supervise.PIDS_FILE_ENV: str(pids)}
     worker = subprocess.Popen([sys.executable, "-c", code], env=env)
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -201,7 +208,7 @@ def test_workers_left_by_torchrun_are_killed_and_only_they(tmp_path):
             time.sleep(0.1)
         with open(pids, "a") as f:
             f.write(f"{other.pid}\n")  # a pid reused by another program: not to be killed
-        launch._kill_workers(pids)
+        supervise.kill_noted(pids)
         assert worker.wait(timeout=10) == -signal.SIGKILL
         assert other.poll() is None
     finally:
@@ -227,8 +234,8 @@ def test_a_worker_ends_with_exit_worker_and_its_code(monkeypatch, tmp_path, rais
     """worker_main ends every worker, well or with a user error or Ctrl-C, through exit_worker:
     os._exit, past the interpreter's shutdown, where gloo's threads abort a process."""
     error_file = tmp_path / "errors"
-    monkeypatch.setenv(launch.ERROR_FILE_ENV, str(error_file))
-    monkeypatch.delenv(launch.PIDS_FILE_ENV, raising=False)
+    monkeypatch.setenv(supervise.ERROR_FILE_ENV, str(error_file))
+    monkeypatch.delenv(supervise.PIDS_FILE_ENV, raising=False)
 
     def exit_(c):
         raise Exited(c)
@@ -237,22 +244,22 @@ def test_a_worker_ends_with_exit_worker_and_its_code(monkeypatch, tmp_path, rais
         if raised is not None:
             raise raised
 
-    monkeypatch.setattr(launch.os, "_exit", exit_)
+    monkeypatch.setattr(guard.os, "_exit", exit_)
     with pytest.raises(Exited) as e:
-        launch.worker_main(entry)
+        guard.worker_main(entry)
     assert e.value.args == (code,)
     assert left in (error_file.read_text() if error_file.exists() else "")
 
 
 def test_a_bug_in_a_worker_keeps_its_traceback(monkeypatch):
-    monkeypatch.setattr(launch.os, "_exit", lambda c: pytest.fail("a bug must not exit quietly"))
+    monkeypatch.setattr(guard.os, "_exit", lambda c: pytest.fail("a bug must not exit quietly"))
     with pytest.raises(ZeroDivisionError):
-        launch.worker_main(lambda: 1 / 0)
+        guard.worker_main(lambda: 1 / 0)
 
 
 def test_exit_worker_flushes_what_the_worker_printed():
     """Block-buffered stdout (a pipe, as under torchrun): os._exit alone would drop it."""
-    code = "from torch_impl import launch; print('record written'); launch.exit_worker(3)"
+    code = "from torch_impl import guard; print('record written'); guard.exit_worker(3)"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("PYTHONUNBUFFERED", None)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)

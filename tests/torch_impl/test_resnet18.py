@@ -19,7 +19,7 @@ from torch import nn
 from common import cli, config, data, devices, flops, weights
 from tests.fixtures import gpu_checks, numerics, runs
 from torch_impl import devices as tdev
-from torch_impl import launch
+from torch_impl import guard, launch
 from torch_impl import resnet18 as r18
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -121,8 +121,8 @@ def _ddp_rank(rank, size, port, out):
     # As in the worker: DDP (its reducer) goes before the group, the ranks meet first, and the
     # rank leaves without the interpreter's shutdown, which gloo's threads can abort.
     del step, shard
-    launch.end_process_group()
-    launch.exit_worker(0)
+    guard.end_process_group()
+    guard.exit_worker(0)
 
 
 @pytest.mark.multi_device
@@ -152,8 +152,8 @@ def _wrapped(rank, size, port, out):
     if rank == 0:
         Path(out).write_text(type(trains[0]).__name__ if trains[0] is not net else "plain")
     del step, trains
-    launch.end_process_group()
-    launch.exit_worker(0)
+    guard.end_process_group()
+    guard.exit_worker(0)
 
 
 @pytest.mark.parametrize(("world", "expected"), [(1, "plain"), (2, "DistributedDataParallel")])
