@@ -198,9 +198,9 @@ endif
 	@$(MAKE) --no-print-directory setup FRAMEWORK=$(FRAMEWORK)
 	@$(READY); ready $(FRAMEWORK)
 	@for w in $(BENCH_WORKLOADS); do \
-	  $(VENV)/$(FRAMEWORK)/bin/python -m $(FRAMEWORK)_impl --workload $$w --gpus $(GPUS) \
-	    --platform $(PLATFORM) --results $(RESULTS) \
-	    $(if $(PRESET),--preset $(PRESET)) $(if $(STRATEGY),--strategy $(STRATEGY)) $(ARGS) || exit $$?; \
+	  $(VENV)/$(FRAMEWORK)/bin/python -m $(FRAMEWORK)_impl --workload $$w --gpus "$$GPUS" \
+	    --platform "$$PLATFORM" --results "$$RESULTS" \
+	    $${PRESET:+--preset "$$PRESET"} $${STRATEGY:+--strategy "$$STRATEGY"} $$ARGS || exit $$?; \
 	done
 
 # --- the ceiling: each workload's training step in a tight loop on one device, appending a
@@ -212,13 +212,13 @@ ceiling:
 	@$(READY); for f in $(SELECTED); do \
 	  ready $$f || continue; \
 	  for w in $(CEILING_WORKLOADS); do \
-	    $(VENV)/$$f/bin/python -m $${f}_impl.ceiling --workload $$w --platform $(PLATFORM) \
-	      --results $(RESULTS) $(if $(PRESET),--preset $(PRESET)) $(ARGS) || exit $$?; \
+	    $(VENV)/$$f/bin/python -m $${f}_impl.ceiling --workload $$w --platform "$$PLATFORM" \
+	      --results "$$RESULTS" $${PRESET:+--preset "$$PRESET"} $$ARGS || exit $$?; \
 	  done; \
 	done
 
 report: $(VENV)/base/.stamp
-	$(VENV)/base/bin/python -m compare.report --results $(RESULTS) --out $(REPORTS) --html
+	$(VENV)/base/bin/python -m compare.report --results $$RESULTS --out "$$REPORTS" --html
 
 # The README's reference tables, rewritten from the committed records in results/ (a test fails
 # when they differ: tests/compare/test_readme.py).
@@ -241,13 +241,13 @@ CLUSTER_PRESET ?= cpu
 CLUSTER_ARGS ?= --epochs 3 --steps-per-epoch 4
 .PHONY: cluster
 cluster: setup
-	$(VENV)/base/bin/python -m compare.cluster --frameworks $(SELECTED) --nodes $(NODES) \
-	  --links $(LINKS) --preset $(CLUSTER_PRESET) --results $(RESULTS) $(CLUSTER_ARGS)
+	$(VENV)/base/bin/python -m compare.cluster --frameworks $(SELECTED) --nodes $$NODES \
+	  --links $$LINKS --preset "$$CLUSTER_PRESET" --results "$$RESULTS" $$CLUSTER_ARGS
 
 # The main job: sets up what is missing, runs everything at the preset that fits the machine.
 compare: setup
 	$(VENV)/base/bin/python -m compare.run --frameworks $(SELECTED) --workloads $(BENCH_WORKLOADS) \
-	  --results $(RESULTS) --out $(REPORTS) $(if $(PRESET),--preset $(PRESET)) --platform $(PLATFORM) --html
+	  --results "$$RESULTS" --out "$$REPORTS" $${PRESET:+--preset "$$PRESET"} --platform "$$PLATFORM" --html
 
 lint: $(VENV)/base/.stamp
 	$(VENV)/base/bin/ruff check .
@@ -267,3 +267,9 @@ info: $(VENV)/base/.stamp
 
 clean:
 	rm -rf $(REPORTS) .pytest_cache .ruff_cache $(TEST_CACHE)
+
+# What a user gives reaches the commands as environment, never as shell text: `make cluster
+# LINKS='1gbit;echo x'` passes the word `1gbit;echo` on (refused there) and runs nothing.
+# Lists (RESULTS, NODES, LINKS, ARGS) are split into words where they are used.
+# (After every default above: an `export` of an undefined variable defines it, empty.)
+export GPUS PLATFORM RESULTS REPORTS PRESET STRATEGY ARGS NODES LINKS CLUSTER_PRESET CLUSTER_ARGS

@@ -12,9 +12,14 @@ Making and removing namespaces needs CAP_NET_ADMIN (root); without it, one line 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import re
+import socket
+import struct
 import subprocess
+import threading
+import time
 from dataclasses import dataclass
 
 from common import config, processes, supervise
@@ -24,6 +29,9 @@ IFACE = "mdt0"  # each node's interface
 SUBNET = "10.213.0"
 BURST_S = 0.004  # seconds of traffic a token bucket holds
 RATES = {"unlimited": None, "10gbit": 10e9, "1gbit": 1e9, "100mbit": 100e6}
+CLONE_NEWNET = 0x40000000  # setns(2): a network namespace
+LOST_S = 10.0  # a node without an answer from node 0 this long has lost it (a busy link at its
+# rate drops a probe now and then, never every one for this long)
 
 
 class NetnsError(config.ConfigError):
@@ -134,13 +142,79 @@ class Network:
             _ip("netns", "delete", name, check=False)
 
     def link_problem(self) -> str | None:
-        """Which node's link is down, seen from the switch: its port without carrier."""
+        """Which node's link is down (its switch port without carrier), or which node has not
+        reached node 0 for LOST_S (a bridge deleted or down, a port detached: the carrier
+        stays, the link is gone all the same). Called about once a second."""
         out = _ip("-n", self.switch, "-o", "link", "show", check=False).stdout
         for i in range(self.nodes):
             line = next((x for x in out.splitlines() if re.search(rf"\bp{i}@", x)), "")
             if "LOWER_UP" not in line or "state DOWN" in line or "NO-CARRIER" in line:
                 return f"node {i}'s link went down"
+        return self._unreachable()
+
+    def _unreachable(self) -> str | None:
+        """Each node's echo request to node 0 (ICMP, from inside the node's namespace), and
+        which node has had no answer for LOST_S: the first such, named."""
+        if not hasattr(self, "_probes"):
+            self._probes = {i: Echo(self.ns(i), self.address(0)) for i in range(1, self.nodes)}
+        for i, probe in self._probes.items():
+            if probe.silent_for() > LOST_S:
+                return (
+                    f"node {i} has not reached node 0 ({self.address(0)}) for {LOST_S:g} s: "
+                    "the link or the switch between them is gone"
+                )
         return None
+
+
+class Echo:
+    """ICMP echo requests from inside namespace `ns` to `address`, and when the last answer
+    came. The raw socket is made by a thread that enters the namespace (setns moves only the
+    calling thread); a socket keeps the namespace it was made in."""
+
+    def __init__(self, ns: str, address: str):
+        made: list = []
+        thread = threading.Thread(target=lambda: made.append(_raw_icmp_in(ns)), daemon=True)
+        thread.start()
+        thread.join(10)
+        if not made or isinstance(made[0], Exception):
+            raise NetnsError(f"no echo socket in namespace {ns}: {made[0] if made else 'hung'}")
+        self.sock, self.address, self.seq = made[0], address, 0
+        self.sock.setblocking(False)
+        self.answered = time.monotonic()
+
+    def silent_for(self) -> float:
+        """Seconds since the last answer, after reading what came and sending one more."""
+        with contextlib.suppress(BlockingIOError, InterruptedError):
+            while True:
+                packet, (source, _) = self.sock.recvfrom(2048)
+                header = (packet[0] & 0x0F) * 4  # the IP header a raw socket hands over
+                if source == self.address and packet[header] == 0:  # an echo reply
+                    self.answered = time.monotonic()
+        self.seq = (self.seq + 1) & 0xFFFF
+        with contextlib.suppress(OSError):  # no route: the link is gone, silence says so
+            self.sock.sendto(_echo_request(os.getpid() & 0xFFFF, self.seq), (self.address, 0))
+        return time.monotonic() - self.answered
+
+
+def _raw_icmp_in(ns: str):
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        with open(f"/var/run/netns/{ns}") as f:
+            if libc.setns(f.fileno(), CLONE_NEWNET):
+                raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+        return socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+    except OSError as e:
+        return e
+
+
+def _echo_request(ident: int, seq: int) -> bytes:
+    """An ICMP echo request (type 8) with its checksum (RFC 1071)."""
+    body = struct.pack("!BBHHH", 8, 0, 0, ident, seq) + b"multidevice"
+    total = sum(int.from_bytes(body[i : i + 2], "big") for i in range(0, len(body) - 1, 2))
+    total += body[-1] << 8 if len(body) % 2 else 0
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return body[:2] + struct.pack("!H", ~total & 0xFFFF) + body[4:]
 
 
 def existing() -> list[str]:

@@ -55,6 +55,13 @@ class Nodes:
                 f"({e.strerror}); give node 0's address"
             ) from None
         if self.rank == 0:
+            processes.check_own_address(
+                host,
+                port,
+                f"--node-rank 0 hosts the {what} at --rdzv-endpoint {self.endpoint}, but {host} "
+                "is not this machine's address: run node 0 where it is, or give this "
+                "machine's address",
+            )
             processes.check_port_free(
                 port,
                 "--rdzv-endpoint",

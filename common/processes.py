@@ -12,6 +12,7 @@ process with one line.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import shlex
@@ -64,6 +65,24 @@ def check_port_free(port: int, name: str, taken: str | None = None) -> None:
                 or f"port {port} of {name} cannot be used ({e.strerror}): another program "
                 "holds it; choose a free port for every process"
             ) from None
+
+
+def check_own_address(host: str, port: int, line: str) -> None:
+    """Refuse, with `line`, a host that is not one of this machine's addresses: a server told
+    to listen there cannot (JAX's coordinator then segfaults, ps-lite's scheduler says only
+    "bind failed")."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror:
+        return  # the caller's own check names an unknown host
+    family, _, _, _, address = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as e:
+            if e.errno == errno.EADDRNOTAVAIL:
+                raise config.ConfigError(line) from None
 
 
 @contextmanager

@@ -81,7 +81,14 @@ def _settings(count: int) -> tuple[int, str, int]:
         )
     address = os.environ["JAX_COORDINATOR_ADDRESS"]
     port = processes.port_of(address, "JAX_COORDINATOR_ADDRESS")
-    if rank == 0:  # jax segfaults when its coordinator cannot bind the port
+    if rank == 0:  # jax segfaults when its coordinator cannot bind the address or the port
+        host = address.rpartition(":")[0].strip("[]")
+        processes.check_own_address(
+            host,
+            port,
+            f"process 0 runs the coordinator at JAX_COORDINATOR_ADDRESS={address}, but {host} "
+            "is not this machine's address: start process 0 (--node-rank 0) where it is",
+        )
         processes.check_port_free(port, "JAX_COORDINATOR_ADDRESS")
     timeout = processes.env_int("JAX_INIT_TIMEOUT", "60", 1)
     if timeout > MAX_INIT_S:

@@ -56,8 +56,7 @@ def node_environment(env: dict, nodes) -> dict:
     """`env` (launch.environment's) for one node of several: node 0's scheduler at the
     endpoint (its port checked there), and this node's own address and interface toward it."""
     host, number = nodes.host_port
-    if nodes.rank == 0:
-        processes.check_port_free(number, "--rdzv-endpoint (the kvstore scheduler)")
+    nodes.check("kvstore scheduler")
     address, interface = processes.route_to(host, number)
     env.update(DMLC_PS_ROOT_URI=host, DMLC_NODE_HOST=address)
     env[cores.LOCAL_COUNT_ENV] = "1"

@@ -95,15 +95,24 @@ def test_two_nodes_run_over_their_own_link_and_the_record_says_so(fake_python, t
     assert "[node 1]" in out and "[2/2] ok" in out
 
 
+def _switch(ns: str) -> str:
+    return ns.rsplit("-", 1)[0] + "-sw"
+
+
+# Node 1's namespace in; the bridge and the detached port keep every carrier up.
 FAULTS = {
     "link": lambda ns: ["ip", "-n", ns, "link", "set", netns.IFACE, "down"],
     "kill": lambda ns: ["sh", "-c", f"kill -9 $(ip netns pids {ns})"],
     "stop": lambda ns: ["sh", "-c", f"kill -STOP $(ip netns pids {ns})"],
+    "bridge": lambda ns: ["ip", "-n", _switch(ns), "link", "del", "br0"],
+    "detach": lambda ns: ["ip", "-n", _switch(ns), "link", "set", "p1", "nomaster"],
 }
 SAID = {
     "link": "node 1's link went down",
     "kill": "node 1 (pid",
     "stop": "node 1 was stopped (SIGSTOP",
+    "bridge": "node 1 has not reached node 0 (10.213.0.1) for 10 s",
+    "detach": "node 1 has not reached node 0 (10.213.0.1) for 10 s",
 }
 
 
@@ -213,3 +222,13 @@ def test_rates():
     for bad in ("0mbit", "1gb", "fast"):
         with pytest.raises(netns.config.ConfigError):
             netns.rate_bps(bad)
+
+
+def test_make_passes_what_a_user_gives_as_words_not_shell(tmp_path):
+    """`make cluster LINKS='1gbit;touch X'` ran the `touch` as root and exited 0: the values
+    reach the command as environment now, so the word is refused and nothing else runs."""
+    planted = tmp_path / "planted"
+    cmd = ["make", "--no-print-directory", "cluster", "NODES=2", f"LINKS=1gbit;touch {planted}"]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and not planted.exists(), out.stdout + out.stderr
+    assert "error: link rate '1gbit;touch': give unlimited or a rate" in out.stderr
