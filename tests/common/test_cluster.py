@@ -229,6 +229,13 @@ def test_make_passes_what_a_user_gives_as_words_not_shell(tmp_path):
     reach the command as environment now, so the word is refused and nothing else runs."""
     planted = tmp_path / "planted"
     cmd = ["make", "--no-print-directory", "cluster", "NODES=2", f"LINKS=1gbit;touch {planted}"]
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert out.returncode != 0 and not planted.exists(), out.stdout + out.stderr
-    assert "error: link rate '1gbit;touch': give unlimited or a rate" in out.stderr
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = (t.decode() for t in proc.communicate(timeout=60))
+    except subprocess.TimeoutExpired:  # a cluster that started anyway: stopped, not left
+        for pid in supervise.processes.descendants(proc.pid):
+            os.kill(pid, signal.SIGINT)  # the cluster removes its namespaces as it stops
+        proc.communicate(timeout=90)
+        raise
+    assert proc.returncode != 0 and not planted.exists(), out + err
+    assert "error: link rate '1gbit;touch': give unlimited or a rate" in err
