@@ -6,7 +6,7 @@
 #   make ceiling [FRAMEWORK=jax] [WORKLOAD=lenet] [PRESET=cpu] [RESULTS=..]   the framework's own
 #                                         tight-loop step of lenet and resnet18 on 1 device (GPUS ignored)
 #   make cluster [FRAMEWORK=..] [NODES="1 2"] [LINKS="unlimited 1gbit"]   nodes in network namespaces
-#   make report | readme-tables | lessons | setup [FRAMEWORK=..] | lock [UPGRADE=1] | lint | info | clean
+#   make report | readme-tables | docs | setup [FRAMEWORK=..] | lock [UPGRADE=1] | lint | info | clean
 
 SHELL := /bin/bash
 FRAMEWORKS := torch jax mxnet
@@ -226,11 +226,14 @@ report: $(VENV)/base/.stamp
 readme-tables: $(VENV)/base/.stamp
 	$(VENV)/base/bin/python -m compare.readme
 
-# Each workload's lesson, the three frameworks side by side, from the code (docs/lessons/; a
-# test fails when the committed pages differ: tests/common/test_lessons.py).
-.PHONY: lessons
-lessons: $(VENV)/base/.stamp
-	$(VENV)/base/bin/python -m tools.lessons
+# The documentation site (mkdocs.yml): the lessons, their code read from the source by name and
+# their results from the records (tools/docs_hook.py), and the project's pages, into build/site,
+# offline; then the README's picture of the ResNet-18 lesson (tools/docs_screenshot.py; a test
+# fails when it is older than the page: tests/common/test_lessons.py).
+.PHONY: docs
+docs: $(VENV)/base/.stamp
+	NO_MKDOCS_2_WARNING=1 $(VENV)/base/bin/mkdocs build --strict --quiet
+	$(VENV)/base/bin/python -m tools.docs_screenshot
 
 # A cluster in one box (compare/cluster.py): a network namespace per node on a link of its own
 # (LINKS: unlimited, 10gbit, 1gbit, 100mbit, ...), each node on its own cores running its

@@ -81,7 +81,7 @@ BF16_COST = {
 }
 
 
-NODE_OPTIONS = ("--nnodes", "--node-rank", "--rdzv-endpoint", "--rdzv-timeout")
+NODE_OPTIONS = ("--nnodes", "--node-rank", "--rdzv-endpoint", "--rdzv-timeout", "--peer-timeout")
 NODES_SCOPE = (
     "--nnodes, --node-rank and --rdzv-* apply to resnet18's multi-node engines (torch ddp, "
     "JAX sharding, MXNet dist)"
@@ -124,3 +124,5 @@ def check_nodes(framework: str, args: argparse.Namespace) -> None:
     processes.port_of(args.rdzv_endpoint, "--rdzv-endpoint")
     if args.rdzv_timeout is not None and args.rdzv_timeout < 1:
         raise config.ConfigError(f"--rdzv-timeout must be at least 1 s, got {args.rdzv_timeout}")
+    if args.peer_timeout is not None and args.peer_timeout < 1:
+        raise config.ConfigError(f"--peer-timeout must be at least 1 s, got {args.peer_timeout}")

@@ -32,6 +32,7 @@ from common import (
     results,
     signals,
     training,
+    watchdog,
     weights,
 )
 
@@ -39,6 +40,7 @@ EXIT_BAD_INPUT = 2
 EXIT_DIVERGED = 4
 EXIT_INTERRUPTED = 130  # the shell's code for Ctrl-C
 RDZV_TIMEOUT_S = 300  # the default wait for every node to join a run over several machines
+PEER_TIMEOUT_S = watchdog.PEER_TIMEOUT_S  # ... and for a lost peer or link, once joined
 # Set by a launcher that printed the no-accelerator note: the workers it starts do not repeat it.
 NOTE_SHOWN_ENV = "MULTIDEVICE_NOTE_SHOWN"
 USER_ERRORS = (
@@ -153,6 +155,13 @@ def _node_options(p: argparse.ArgumentParser) -> None:
         type=whole_number,
         default=None,
         help=f"seconds to wait for every node to join (default {RDZV_TIMEOUT_S})",
+    )
+    p.add_argument(
+        "--peer-timeout",
+        type=whole_number,
+        default=None,
+        help="seconds a node waits for a lost peer or link before it ends, in one line "
+        f"(default {PEER_TIMEOUT_S})",
     )
 
 

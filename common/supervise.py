@@ -221,17 +221,24 @@ class Group:
 READY_FILE_ENV = "MULTIDEVICE_WORKER_READY_FILE"
 PIDS_FILE_ENV = "MULTIDEVICE_WORKER_PIDS_FILE"
 ERROR_FILE_ENV = "MULTIDEVICE_WORKER_ERROR_FILE"
-WORKER_FILES = (READY_FILE_ENV, PIDS_FILE_ENV, ERROR_FILE_ENV)
+DONE_FILE_ENV = "MULTIDEVICE_WORKER_DONE_FILE"  # each worker's exit code, as it ends
+WORKER_FILES = (READY_FILE_ENV, PIDS_FILE_ENV, ERROR_FILE_ENV, DONE_FILE_ENV)
 LAUNCHER_STOP_S = 40.0  # after SIGTERM, torchrun gives its workers 30 s, then kills them
+LAUNCHER_GRACE_S = 5.0  # a launcher whose workers have all ended, or one failed, ends this soon
 
 
-def run_launcher(cmd, env: dict, ready_within=None, not_ready: str = "", cwd=None) -> int:
-    """`cmd`, an engine's launcher of workers, in a session of its own, to its end: its exit
-    code. With `ready_within`, a worker must say it is up within that many seconds, else the
-    run ends with `not_ready` (config.ConfigError). A stopped worker (SIGSTOP) ends the run in
-    one line, where its peers would wait for it in a collective. However it ends (a Ctrl-C
-    here too), the launcher gets SIGTERM to stop its workers, then SIGKILL, and any worker
-    that outlived it is killed."""
+def run_launcher(
+    cmd, env: dict, workers: int, ready_within=None, not_ready: str = "", cwd=None
+) -> int:
+    """`cmd`, an engine's launcher of `workers` workers here, in a session of its own, to its
+    end: its exit code. With `ready_within`, a worker must say it is up within that many
+    seconds, else the run ends with `not_ready` (config.ConfigError). A stopped worker
+    (SIGSTOP) ends the run in one line, where its peers would wait for it in a collective. Once
+    every worker has ended, or one failed, the launcher has LAUNCHER_GRACE_S left: torchrun can
+    wait minutes more for a node that is gone (its store, its exit barrier). However it ends (a
+    Ctrl-C here too), the launcher gets SIGTERM to stop its workers, then SIGKILL, and any
+    worker that outlived it is killed."""
+    ended = None  # when every worker had ended, or one failed
     with Group("launcher") as group:
         member = group.start("launcher", cmd, env, capture=None, cwd=cwd)
         try:
@@ -248,9 +255,21 @@ def run_launcher(cmd, env: dict, ready_within=None, not_ready: str = "", cwd=Non
                     group.stop()  # at once: a stopped worker would hold the launcher's own stop
                     print(f"error: {reason}; every process was stopped", file=sys.stderr)
                     raise SystemExit(1)
-        finally:
-            group.stop(LAUNCHER_STOP_S)
+                codes = _done(env)
+                if ended is None and (len(codes) >= workers or any(codes)):
+                    ended = time.monotonic()
+                if ended is not None and time.monotonic() - ended > LAUNCHER_GRACE_S:
+                    return max(codes, default=1) if any(codes) else 0
+        finally:  # its workers gone, a launcher has nothing left to stop: a short grace
+            group.stop(LAUNCHER_STOP_S if ended is None else POLL_S)
             kill_noted(Path(env[PIDS_FILE_ENV]))
+
+
+def _done(env: dict) -> list[int]:
+    """The exit codes the workers noted as they ended."""
+    path = Path(env[DONE_FILE_ENV])
+    lines = path.read_text().split() if path.is_file() else []
+    return [int(code) for code in lines if code.lstrip("-").isdigit()]
 
 
 def worker_error(env: dict) -> tuple[int, str] | None:

@@ -41,7 +41,10 @@ def load(workload: str):
 def run(argv: list[str] | None = None) -> int:
     # Imported here, under signals.main: a stop while numpy and JAX import is one line too.
     from common import cli
+    from jax_impl import guard
 
+    if argv is None and guard.wrapped(sys.argv[1:]):  # a process of several: its abort is a line
+        return guard.run_wrapped(sys.argv[1:])
     return cli.run("jax", argv, before_import, load)
 
 

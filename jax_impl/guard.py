@@ -20,10 +20,17 @@ robust, applied around the lesson's call (`joining`), not inside it (docs/design
 
 import functools
 import os
+import signal
+import subprocess
+import sys
 
 from common import cli, config, processes, signals
 
 ABORT_AFTER_S = 3600  # jax's own limit on the wait: past it, it aborts the process
+WRAPPED_ENV = "MULTIDEVICE_JAX_WRAPPED"  # this process is run_wrapped's child
+# XLA's lines as its distributed service ends a process that lost another (a glog E and F line,
+# then a C++ stack and Python's own dump): from the first, the rest is not shown.
+ABORT_MARKS = ("coordination_service_agent.cc", "client.h:80]", "JAX distributed service detected")
 MAX_INIT_S = ABORT_AFTER_S - 60  # JAX_INIT_TIMEOUT's bound, so that this one ends it first
 
 
@@ -52,6 +59,48 @@ def joining(join):
         return world
 
     return joined
+
+
+def wrapped(argv: list[str]) -> bool:
+    """Whether this command is a process of several (--nnodes, JAX_NUM_PROCESSES > 1) that is
+    not yet run_wrapped's child."""
+    several = any(a == "--nnodes" or a.startswith("--nnodes=") for a in argv)
+    count = os.environ.get("JAX_NUM_PROCESSES", "1")
+    several = several or (count.isdigit() and int(count) > 1)
+    return several and not os.environ.get(WRAPPED_ENV)
+
+
+def run_wrapped(argv: list[str]) -> int:
+    """This command again, as a child whose stderr passes through here: when JAX's distributed
+    service ends it for a lost peer (an abort: a C++ stack and Python's dump, exit -6), the
+    node's output ends in one line instead. Ctrl-C reaches the child itself (one process
+    group), which says it; SIGTERM and SIGHUP to this process are passed on."""
+    env = {**os.environ, WRAPPED_ENV: "1", signals.PARENT_ENV: str(os.getpid())}
+    child = subprocess.Popen(
+        [sys.executable, "-m", "jax_impl", *argv],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+    )
+    signal.signal(signal.SIGINT, lambda *_: None)  # not SIG_IGN, which the child would keep
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda signum, _: child.send_signal(signum))
+    aborted = False
+    for line in child.stderr:
+        aborted = aborted or any(mark in line for mark in ABORT_MARKS)
+        if not aborted:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+    code = child.wait()
+    if aborted and code:
+        print(
+            "error: JAX's distributed service ended this process: another process of the run, "
+            "or the link to it, went (that node's output says which)",
+            file=sys.stderr,
+        )
+        return 1
+    return 128 - code if code < 0 else code
 
 
 def _processes(args) -> int:

@@ -42,7 +42,7 @@ import sys
 
 import numpy as np
 
-from common import cli, cores, devices, supervise
+from common import cli, cores, devices, supervise, watchdog
 from common.nodes import Nodes
 from common.world import World
 from mxnet_impl import guard
@@ -73,6 +73,7 @@ def dist_sync(worker_cmd: list[str], n_contexts: int, what: str, args=None) -> N
         env = environment(nodes.count, nodes.count, nodes.host_port[1])
         env = guard.process_environment(env, nodes.count, nodes.count * n_contexts)
         env = guard.node_environment(env, nodes)
+        env[watchdog.PEER_TIMEOUT_ENV] = str(nodes.peer_timeout)
         roles, local = (["scheduler"] if nodes.rank == 0 else []) + ["server 0"], 1
     else:
         workers, servers = guard.counts(n_contexts)
@@ -97,6 +98,7 @@ def worker_argv(args, n_contexts: int) -> list[str]:
     DMLC_* variables say where the others are; --nnodes is the launcher's)."""
     nodes = getattr(args, "nnodes", None) or 1
     gone = {"nnodes": None, "node_rank": None, "rdzv_endpoint": None, "rdzv_timeout": None}
+    gone["peer_timeout"] = None  # the workers' environment has it (PEER_TIMEOUT_ENV)
     return cli.worker_argv(args, strategy="dist", gpus=n_contexts * nodes, **gone)
 
 

@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import cli, devices, signals, supervise
+from common import cli, devices, signals, supervise, watchdog
 from common.nodes import Nodes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,6 +40,7 @@ LOOPBACK_ENV = "MULTIDEVICE_LOOPBACK"  # one machine: every socket on 127.0.0.1
 TORCH_MARGIN_S = 60  # torch's own rendezvous timeouts end this much after the launcher's
 COLLECTIVE_TIMEOUT_S = 300  # a rank stuck in a collective fails after this, never hangs forever
 CPP_LOG_ENV = "TORCH_CPP_LOG_LEVEL"  # read by c10 as torch loads
+LOST_RENDEZVOUS = 3  # torchrun's exit code when its rendezvous store went
 
 
 # --- the launcher's side ----------------------------------------------------------------------
@@ -55,6 +56,9 @@ def run_torchrun(cmd: list[str], nproc: int, what: str, nodes: Nodes | None, env
     env[cli.NOTE_SHOWN_ENV] = "1"  # this process (cli.run) already said the devices are virtual
     env[signals.PARENT_ENV] = str(os.getpid())  # torchrun ends with this launcher, even killed
     env.setdefault("LOGLEVEL", "ERROR")  # torchrun's warnings as it stops: the launcher says it
+    # c10d's warnings (a client's host name it cannot look up; each failed send, with its C++
+    # stack, once a peer has gone): a failure is the launcher's one line.
+    env.setdefault(CPP_LOG_ENV, "ERROR")
     assert cmd[1:3] == ["-m", "torch.distributed.run"], cmd
     cmd = [cmd[0], "-m", "torch_impl.guard", *cmd[3:]]  # torchrun, quiet
     at = cmd.index("-m", 3)  # the worker's module: torchrun's own options go before it
@@ -62,6 +66,7 @@ def run_torchrun(cmd: list[str], nproc: int, what: str, nodes: Nodes | None, env
         if nodes:
             nodes.check()
             cmd[at:at] = _node_options(nodes, nodes.local(env))
+            env[watchdog.PEER_TIMEOUT_ENV] = str(nodes.peer_timeout)
         else:
             cmd[at:at] = stack.enter_context(_loopback(env))
         tmp = stack.enter_context(tempfile.TemporaryDirectory())
@@ -74,7 +79,7 @@ def run_torchrun(cmd: list[str], nproc: int, what: str, nodes: Nodes | None, env
                 flush=True,
             )
         wait = (nodes.timeout, nodes.timed_out()) if nodes else (None, "")
-        rc = supervise.run_launcher(cmd, env, *wait, cwd=ROOT)
+        rc = supervise.run_launcher(cmd, env, nproc, *wait, cwd=ROOT)
         if rc:
             _failed(what, rc, nodes, env)
 
@@ -130,6 +135,11 @@ def _failed(what: str, rc: int, nodes: Nodes | None, env: dict):
             f"error: {what} failed: a worker exited with an error (torchrun exit {rc}); "
             "see the worker output above"
         )
+    if rc == LOST_RENDEZVOUS:
+        raise SystemExit(
+            f"error: {what} failed on node {nodes.rank}: the rendezvous store on node 0 "
+            f"({nodes.endpoint}) is gone: node 0 or the link to it went down"
+        )
     if not Path(env[supervise.READY_FILE_ENV]).exists():
         raise SystemExit(
             f"error: {what} failed: torchrun exited with code {rc} before the workers of node "
@@ -165,12 +175,15 @@ def joining(join):
 
 
 def group_options() -> dict:
-    """init_process_group's keywords besides the backend: a bound on every collective, and on
-    one machine (LOOPBACK_ENV) the workers' store, which rank 0 hosts on a socket bound to
-    127.0.0.1 at the port torchrun chose (elsewhere torch makes its own)."""
+    """init_process_group's keywords besides the backend: a bound on every collective (on several
+    machines --peer-timeout: a peer or a link lost mid-run or at the exit barrier ends the rank
+    in one line), and on one machine (LOOPBACK_ENV) the workers' store, which rank 0 hosts on a
+    socket bound to 127.0.0.1 at the port torchrun chose (elsewhere torch makes its own)."""
     import torch.distributed as dist
 
-    timeout = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
+    several = os.environ.get(watchdog.PEER_TIMEOUT_ENV)  # machines: --peer-timeout
+    seconds = watchdog.peer_timeout() if several else COLLECTIVE_TIMEOUT_S
+    timeout = datetime.timedelta(seconds=seconds)
     if not os.environ.get(LOOPBACK_ENV):
         return {"timeout": timeout}
     rank, world, port = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "MASTER_PORT"))
@@ -198,13 +211,14 @@ def end_process_group() -> None:
     if sys.exc_info()[0] in (None, cli.training.Diverged):
         try:
             dist.barrier()
-        except RuntimeError:  # gloo's and NCCL's errors: a rank left (rank 0 on a full disk)
-            raise PeerLeft from None
+        except RuntimeError as e:  # gloo's and NCCL's: a rank left (rank 0 on a full disk)
+            raise PeerLeft(_first_line(e)) from None
     dist.destroy_process_group()
 
 
 class PeerLeft(Exception):
-    """Another rank left the group, with an error its own line says: this rank ends quietly."""
+    """Another rank left the group at its end: with an error of its own, whose line the
+    launcher says first (on one machine), or with its node or the link (several)."""
 
 
 def worker_main(entry) -> None:
@@ -226,9 +240,32 @@ def worker_main(entry) -> None:
             print(line, file=sys.stderr)  # no launcher to say it once for all its workers
     except KeyboardInterrupt as e:
         code = signals.exit_code(e)
-    except PeerLeft:
-        code = 1
+    except Exception as e:
+        if not isinstance(e, PeerLeft) and not _lost_a_peer(e):
+            raise  # a bug: its traceback
+        code, at = 1, " at its end" if isinstance(e, PeerLeft) else ""
+        line = f"error: lost another process of the run{at} (its node, or the link): "
+        line += str(e) if isinstance(e, PeerLeft) else _first_line(e)
+        if not supervise.note(supervise.ERROR_FILE_ENV, f"{code} {line}\n"):
+            print(line, file=sys.stderr)
+    supervise.note(supervise.DONE_FILE_ENV, f"{code}\n")  # for a launcher torchrun would keep
     exit_worker(code)
+
+
+def _lost_a_peer(e: Exception) -> bool:
+    """Whether `e` is the process group's, where another rank or the link to it went: c10d's
+    errors (its store, its backends) and gloo's, which reach Python as a RuntimeError."""
+    import torch.distributed as dist
+
+    gloo = isinstance(e, RuntimeError) and "gloo" in str(e)
+    return isinstance(e, dist.DistError) or gloo
+
+
+def _first_line(e: Exception) -> str:
+    """An engine error's first line, without the C++ source position it starts with."""
+    line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    line = line.split("] ", 1)[-1] if line.startswith("[") else line
+    return line.split(". ", 1)[0]  # gloo goes on with advice and a joke
 
 
 def exit_worker(code: int) -> None:
@@ -251,9 +288,10 @@ def main() -> int:
     # itself, which torchrun passes to its workers before it ends, as when the launcher stops it.
     launcher = signals.watch_launcher(on_exit=_stop_quietly)
     with _cpp_warnings_off(bool(os.environ.get(LOOPBACK_ENV))):
-        from torch.distributed import run
+        from torch.distributed import DistError, run
         from torch.distributed.elastic.multiprocessing.api import SignalException
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.elastic.rendezvous import RendezvousError
     if launcher is not None:
         _quiet_without(launcher)
     # Its warning per worker it stops ("Sending process N closing signal SIGTERM") and its
@@ -261,6 +299,8 @@ def main() -> int:
     api = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
     api.setLevel(logging.ERROR)
     api.addFilter(lambda record: not str(record.msg).startswith("failed (exitcode"))
+    # Its warning that a lost rendezvous could not be shut down: the launcher's line says it.
+    logging.getLogger("torch.distributed.elastic.rendezvous").setLevel(logging.ERROR)
     try:
         run.main()
     except SignalException as e:
@@ -274,13 +314,13 @@ def main() -> int:
             how = f"signal {failure.signal_name()}"
         print(f"torchrun: worker rank {rank} ended with {how}", file=sys.stderr)
         return 1
-    except Exception:
-        # The store went with its launcher, and torchrun's next call to it (its rendezvous
-        # keep-alive) can fail before the watch sees the launcher gone: the same quiet end.
-        if launcher is None or not _gone(launcher):
-            raise
-        _silence()
-        return 128 + signal.SIGTERM
+    except (RendezvousError, DistError):
+        # The rendezvous store is gone: node 0 or the link to it (several machines), or, on
+        # one machine, the launcher that hosted it, gone before the watch saw it.
+        if launcher is not None and _gone(launcher):
+            _silence()
+            return 128 + signal.SIGTERM
+        return LOST_RENDEZVOUS  # the launcher says it, in its one line
     return 0
 
 

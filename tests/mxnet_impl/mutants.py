@@ -35,8 +35,7 @@ MUTANTS = [
         "mxnet",
         R18 + "test_two_contexts_equal_one_context",
         "mxnet_impl/resnet18.py",
-        "        return mdev.add_up(train_step(net, trainer, *split(x, y, rows), batch_size))",
-        "        xs, ys = split(x, y, rows)\n"
+        "        return mdev.add_up(train_step(net, trainer, xs, ys, len(idx)))",
         "        return mdev.add_up(train_step(net, trainer, xs, ys, xs[0].shape[0] * len(xs)))",
         "Trainer.step's batch size as context 0's part times the contexts (6 for 3 + 2)",
     ),

@@ -22,3 +22,8 @@ def test_two_nodes_train_over_their_link(tmp_path):
 
 def test_a_fault_on_one_node_ends_every_node(tmp_path):
     cluster_runs.fault("torch", tmp_path, "link", "images/sec")
+
+
+@pytest.mark.parametrize("kind", ["kill", "link"])
+def test_each_node_ends_by_itself_when_a_peer_or_the_link_goes(tmp_path, kind):
+    cluster_runs.alone("torch", tmp_path, kind)
