@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from compare.records import CEILING, Entry, sort_key
+from compare.checks import CEILING, positive
+from compare.records import Entry, rank
 from compare.tables import DASH, STAR, Table, decimals, env_cell, time_cell
 
 EXPLANATION = (
@@ -26,26 +27,12 @@ EXPLANATION = (
 SAME_RUN = "same_run"  # in a ceiling Entry made from a training record's extra.ceiling
 
 
-def tier(e: Entry) -> str:
-    """What a ceiling must share with a training record besides the framework: the label past
-    the strategy (`+bf16`, `+compiled`)."""
-    return e.label[len(e.rec.strategy) :]
-
-
-def _unpaired(c: Entry) -> str:
-    """The strategy cell of a ceiling with no training row: a dash, naming its tier if any."""
-    label = tier(c)
-    return f"{DASH} ({label})" if label else DASH
-
-
 def in_run(e: Entry | None) -> Entry | None:
-    """The ceiling a 1-device training record measured in its own run (--ceiling, the record's
-    extra.ceiling), as a ceiling Entry of the same framework and tier; None without one."""
-    extra = e.rec.extra if e is not None and isinstance(e.rec.extra, dict) else {}
-    c = extra.get("ceiling")
-    if e is None or e.rec.devices != 1 or not isinstance(c, dict):
-        return None
-    if not isinstance(c.get("sec_per_epoch"), dict) or "median" not in c["sec_per_epoch"]:
+    """The ceiling a 1-device training record measured in its own run (extra.ceiling), as a
+    ceiling Entry of the same framework and tier; None without one."""
+    c = e.extra.get("ceiling") if e is not None and e.rec.devices == 1 else None
+    stats = c.get("sec_per_epoch") if isinstance(c, dict) else None
+    if not isinstance(stats, dict) or "median" not in stats:
         return None
     rec = dataclasses.replace(
         e.rec,
@@ -54,81 +41,87 @@ def in_run(e: Entry | None) -> Entry | None:
         extrapolated=True,  # always: its steps of one batch, projected to an epoch
         steps_timed=c.get("steps_timed"),
         diverged_at_epoch=None,
-        extra={**extra, **c, SAME_RUN: True},  # amp and compiled kept: the training's tier
+        extra={**e.extra, **c, SAME_RUN: True},  # amp and compiled kept: the training's tier
     )
     return Entry(rec, e.source, e.order)
 
 
 def of(training: Entry | None, ceilings: list[Entry]) -> Entry | None:
-    """A 1-device training record's ceiling: its own (same run), else a ceiling record of its
-    framework and tier, else None."""
+    """A 1-device training record's ceiling: its own, else a ceiling record of its framework
+    and tier, else None."""
     if training is None or training.rec.devices != 1:
         return None
-    own = in_run(training)
-    if own is not None:
-        return own
-    same = [c for c in ceilings if c.rec.framework == training.rec.framework]
-    return next((c for c in same if tier(c) == tier(training)), None)
+    same = (c for c in ceilings if (c.rec.framework, c.tier) == key(training))
+    return in_run(training) or next(same, None)
+
+
+def key(e: Entry) -> tuple[str, str]:
+    """What a ceiling shares with its training records: the framework, and the tier."""
+    return e.rec.framework, e.tier
 
 
 def ratio(training: Entry | None, ceiling: Entry) -> float | None:
     """x ceiling: measured in the run (the median of its epochs' ratios to the repeats beside
-    them), else training sec/epoch over the ceiling record's (medians); None without a time."""
+    them), else training sec/epoch over the ceiling record's; None without a time."""
     if training is None or training.diverged:
         return None
-    if ceiling.rec.extra.get(SAME_RUN):
-        x = ceiling.rec.extra.get("x_ceiling")
-        ok = isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0
-        return float(x) if ok else None
+    if ceiling.extra.get(SAME_RUN):
+        x = ceiling.extra.get("x_ceiling")
+        return float(x) if positive(x) else None
     return training.median / ceiling.median
 
 
-def rows(entries: list[Entry], ceilings: list[Entry]) -> list[tuple[Entry | None, Entry]]:
+def pairs(entries: list[Entry], ceilings: list[Entry]) -> list[tuple[Entry | None, Entry]]:
     """(1-device training record or None, its ceiling), in the tables' order: a record with a
     ceiling of its own run is paired with that one; a ceiling record with no other record of its
     framework and tier gets a row of its own."""
     ones = [e for e in entries if e.rec.devices == 1]
-    pairs = [(e, c) for e in ones if (c := in_run(e)) is not None]
-    paired = {id(e) for e, _ in pairs}
+    found = [(e, c) for e in ones if (c := in_run(e)) is not None]
+    paired = {e.order for e, _ in found}
     for c in ceilings:
-        same = [e for e in ones if e.rec.framework == c.rec.framework and tier(e) == tier(c)]
-        rest = [e for e in same if id(e) not in paired]
-        pairs += [(e, c) for e in rest] or ([] if same else [(None, c)])
-    if not pairs:
-        return []
-    order = sort_key(pairs[0][1].rec.workload)
-    return sorted(pairs, key=lambda p: order((p[1].rec.framework, (p[0] or p[1]).label)))
+        same = [e for e in ones if key(e) == key(c)]
+        found += [(e, c) for e in same if e.order not in paired] or ([] if same else [(None, c)])
+    return sorted(
+        found, key=lambda p: rank(p[1].rec.workload, p[1].rec.framework, (p[0] or p[1]).label)
+    )
+
+
+def of_workload(workload: str, entries: list[Entry], ceilings: list[Entry]) -> list[tuple]:
+    mine = [c for c in ceilings if c.rec.workload == workload]
+    return pairs([e for e in entries if e.rec.workload == workload], mine)
 
 
 def sec_per_epoch(entries: list[Entry], ceilings: list[Entry], workload: str) -> dict:
-    """(framework, label) of each 1-device training row -> its ceiling's sec/epoch (median),
-    for the plots; empty without ceilings."""
-    mine = [c for c in ceilings if c.rec.workload == workload]
-    ones = [e for e in entries if e.rec.workload == workload]
-    return {(t.rec.framework, t.label): c.median for t, c in rows(ones, mine) if t is not None}
+    """(framework, label) of each 1-device training row -> its ceiling's sec/epoch, for the
+    plots; empty without ceilings."""
+    found = of_workload(workload, entries, ceilings)
+    return {(t.rec.framework, t.label): c.median for t, c in found if t is not None}
 
 
 def ceiling_table(workload: str, entries: list[Entry], ceilings: list[Entry], envs) -> Table | None:
     """The table for one workload of one machine group, or None without a ceiling."""
-    mine = [c for c in ceilings if c.rec.workload == workload]
-    pairs = rows([e for e in entries if e.rec.workload == workload], mine)
-    if not pairs:
+    found = of_workload(workload, entries, ceilings)
+    if not found:
         return None
     headers = ["framework", "strategy", "sec/epoch (1 dev)", "ceiling sec/epoch"]
     headers += ["ceiling s/step", "x ceiling", "measured", "env"]
     body = []
-    for training, c in pairs:
-        x = ratio(training, c)
-        steps = f"{c.rec.extra.get('repeats', '?')} x {c.rec.steps_timed} steps"
+    for training, c in found:
+        x, per_step = ratio(training, c), c.extra.get("s_per_step")
+        steps = f"{c.extra.get('repeats', '?')} x {c.rec.steps_timed} steps"
+        strategy = f"{DASH} ({c.tier})" if c.tier else DASH  # a ceiling with no training row
+        if training is not None:
+            cores = training.cores_per_device  # the same label on shared cores: another row
+            strategy = training.label + ("" if cores is None else f" ({cores} core(s)/device)")
         body.append(
             [
                 c.rec.framework,
-                strategy_cell(training) if training else _unpaired(c),
+                strategy,
                 time_cell(training),
                 time_cell(c),
-                fmt_step(c.rec.extra.get("s_per_step"), steps),
+                f"{per_step:.{decimals(per_step)}f} s ({steps})" if positive(per_step) else DASH,
                 DASH if x is None else f"{x:.2f}x",
-                "in the run" if c.rec.extra.get(SAME_RUN) else "apart",
+                "in the run" if c.extra.get(SAME_RUN) else "apart",
                 env_cell([e for e in (training, c) if e is not None], envs),
             ]
         )
@@ -138,16 +131,3 @@ def ceiling_table(workload: str, entries: list[Entry], ceilings: list[Entry], en
         "apart (a ceiling record of its own), the ratio of the two medians."
     ]
     return Table(f"{workload}: training loop vs ceiling", headers, body, notes)
-
-
-def strategy_cell(e: Entry) -> str:
-    """The training row's label, with its cores per device where it had its own: the same
-    framework and label on shared cores is another row."""
-    cores = e.cores_per_device
-    return e.label if cores is None else f"{e.label} ({cores} core(s)/device)"
-
-
-def fmt_step(per_step, steps: str) -> str:
-    if not isinstance(per_step, (int, float)) or isinstance(per_step, bool) or per_step <= 0:
-        return DASH
-    return f"{per_step:.{decimals(per_step)}f} s ({steps})"

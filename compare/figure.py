@@ -12,66 +12,52 @@ check.
 from __future__ import annotations
 
 import json
-import struct
-import zlib
 from pathlib import Path
+
+from PIL import Image, UnidentifiedImageError
 
 from compare import ceiling, tables
 from compare.records import Entry, Machine
 
 WORKLOADS = ("resnet18", "lenet")  # the panels, top to bottom
 KEY = "comparison-data"  # the PNG text chunk that holds the data
-DIGITS = 4  # significant digits kept: more than a bar or its label can show
 
 
-def _round(x: float | None) -> float | None:
-    return None if x is None else float(f"{x:.{DIGITS}g}")
+def rounded(x: float | None) -> float | None:
+    """4 significant digits: more than a bar or its label can show."""
+    return None if x is None else float(f"{x:.4g}")
 
 
 def bar(e: Entry, c: Entry | None) -> dict:
     """One 1-device training record and its ceiling (None without one)."""
-    x = None if c is None else ceiling.ratio(e, c)
-    measured = None if c is None else "apart"
-    if c is not None and c.rec.extra.get(ceiling.SAME_RUN):
-        measured = "in the run"
+    measured = None if c is None else "in the run" if c.extra.get(ceiling.SAME_RUN) else "apart"
     return {
         "label": f"{e.rec.framework} {e.label}",
         "framework": e.rec.framework,
-        "sec_per_epoch": _round(e.median),
-        "std": _round(e.std),
+        "sec_per_epoch": rounded(e.median),
+        "std": rounded(e.std),
         "n": e.stats.get("n"),
         "extrapolated": bool(e.rec.extrapolated),
-        "ceiling_sec_per_epoch": None if c is None else _round(c.median),
-        "x_ceiling": _round(x),
+        "ceiling_sec_per_epoch": None if c is None else rounded(c.median),
+        "x_ceiling": None if c is None else rounded(ceiling.ratio(e, c)),
         "ceiling_measured": measured,
     }
 
 
-def panel(workload: str, machine: Machine) -> dict | None:
-    """The bars of one workload, in the tables' order; None without a 1-device record."""
-    entries = machine.workload(workload)
-    ceilings = [c for c in machine.ceilings if c.rec.workload == workload]
-    ones = [row.cells[1] for row in tables.dp_rows(entries) if 1 in row.cells]
-    shown = [e for e in ones if not e.diverged]
-    if not shown:
-        return None
-    epochs = sorted({e.rec.epochs for e in shown if e.rec.epochs})
-    return {
-        "workload": workload,
-        "epochs": epochs,
-        "bars": [bar(e, ceiling.of(e, ceilings)) for e in shown],
-    }
-
-
 def data(machine: Machine, sources: list[str]) -> dict:
-    """Everything the figure shows, from the records of `machine` (read from `sources`)."""
-    panels = [p for w in WORKLOADS if (p := panel(w, machine)) is not None]
-    return {
-        "machine": machine.title,
-        "preset": machine.preset,
-        "sources": sorted(sources),
-        "panels": panels,
-    }
+    """Everything the figure shows, from the records of `machine` (read from `sources`): a
+    panel per workload with a 1-device record, its bars in the tables' order."""
+    panels = []
+    for workload in WORKLOADS:
+        ceilings = [c for c in machine.ceilings if c.rec.workload == workload]
+        rows = tables.dp_rows(machine.workload(workload))
+        shown = [row.cells[1] for row in rows if 1 in row.cells and not row.cells[1].diverged]
+        if shown:
+            epochs = sorted({e.rec.epochs for e in shown if e.rec.epochs})
+            bars = [bar(e, ceiling.of(e, ceilings)) for e in shown]
+            panels.append({"workload": workload, "epochs": epochs, "bars": bars})
+    what = {"machine": machine.title, "preset": machine.preset, "sources": sorted(sources)}
+    return what | {"panels": panels}
 
 
 def encode(figure: dict) -> str:
@@ -81,34 +67,16 @@ def encode(figure: dict) -> str:
 
 def png_text(path: Path) -> dict[str, str]:
     """The text chunks (tEXt, zTXt, iTXt) of a PNG file; empty for a file that is not one."""
-    raw = Path(path).read_bytes()
-    if not raw.startswith(b"\x89PNG\r\n\x1a\n"):
+    try:
+        with Image.open(path) as image:
+            return dict(getattr(image, "text", {}))
+    except (OSError, UnidentifiedImageError, SyntaxError):
         return {}
-    found, i = {}, 8
-    while i + 8 <= len(raw):
-        length, kind = struct.unpack(">I4s", raw[i : i + 8])
-        body = raw[i + 8 : i + 8 + length]
-        i += 12 + length  # length, type, data, CRC
-        if kind in (b"tEXt", b"zTXt", b"iTXt") and b"\0" in body:
-            key, rest = body.split(b"\0", 1)
-            found[key.decode("latin-1")] = _chunk_text(kind, rest)
-    return found
-
-
-def _chunk_text(kind: bytes, rest: bytes) -> str:
-    if kind == b"tEXt":
-        return rest.decode("latin-1")
-    if kind == b"zTXt":  # compression method byte, then zlib data
-        return zlib.decompress(rest[1:]).decode("latin-1")
-    compressed, rest = rest[0], rest[2:]  # iTXt: flag, method, language\0, keyword\0, text
-    text = rest.split(b"\0", 2)[-1]
-    return (zlib.decompress(text) if compressed else text).decode("utf-8")
 
 
 def stale(figure: dict, png: Path, sidecar: Path) -> list[tuple[Path, str]]:
     """(file, why) for each committed file of the figure that does not show `figure`."""
-    want = encode(figure)
-    reasons = []
+    want, reasons = encode(figure), []
     if not sidecar.is_file():
         reasons.append((sidecar, "missing"))
     elif sidecar.read_text(encoding="utf-8") != want:

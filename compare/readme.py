@@ -14,15 +14,17 @@ tests/compare/test_readme.py runs the check, so none of them can drift from the 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
+
 from common import results
-from compare import ceiling, figure, model_report, records, scaling_report, side_tables, tables
+from compare import ceiling, figure, records, resnet50, scaling_report, tables
+from compare.checks import WORKLOADS
 from compare.records import Entry, Machine
-from compare.render import markdown_table
+from compare.render import markdown_table, quoted
 from compare.tables import DASH, STAR, Table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -134,26 +136,14 @@ def render(machines: list[Machine], root: Path) -> str:
 def with_notes(items: list[Table | str]) -> list[str]:
     """The blocks of `items`, each table without its notes and each line as it is, then every
     table's notes once, below them all."""
-    blocks, notes = [], []
-    for item in items:
-        if isinstance(item, str):
-            blocks.append(item)
-            continue
-        notes += [n for n in item.notes if n not in notes]
-        blocks.append(markdown_table(dataclasses.replace(item, notes=[])))
-    return blocks + ([notes_block(notes)] if notes else [])
-
-
-def notes_block(notes: list[str]) -> str:
-    """The notes as quoted lines, as the tables' own notes are written (compare/render.py)."""
-    # a note opening with "* " (the extrapolated mark) would be a list item: escaped
-    escaped = ("\\" + n if n.startswith("* ") else n for n in notes)
-    return "\n".join(f"> {note}  " for note in escaped)
+    notes = list(dict.fromkeys(n for item in items if isinstance(item, Table) for n in item.notes))
+    blocks = [x if isinstance(x, str) else markdown_table(x, notes=False) for x in items]
+    return blocks + ([quoted(notes)] if notes else [])
 
 
 def machine_tables(machine: Machine) -> list[Table]:
     out = []
-    for workload in records.WORKLOADS:
+    for workload in WORKLOADS:
         entries = machine.workload(workload)
         if not entries:
             continue
@@ -244,44 +234,40 @@ def workload_title(workload: str, entries: list[Entry]) -> str:
 
 def busy(e: Entry | None) -> str | None:
     """The GPU's utilisation (NVML) of a record, if it has one."""
-    if e is None or e.rec.extra.get("utilization_source") != "nvml":
+    if e is None or e.extra.get("utilization_source") != "nvml":
         return None
-    return f"{side_tables.fmt_percent(e.rec.extra.get('utilization'))}%"
+    return f"{tables.fmt_each(e.extra.get('utilization'))}%"
 
 
 def dp_table(workload: str, entries: list[Entry], ceilings: list[Entry] = ()) -> Table:
     """lenet, resnet18: test accuracy, sec/epoch on every device count, speedup where the runs
     are alike (tables.DpRow.unlike), GPU busy, and where a ceiling was measured, the 1-device
-    run against it (compare/ceiling.py)."""
+    run against it (compare/ceiling.py); a column only where some row has a figure for it."""
     rows = tables.dp_rows(entries)
     counts = tables.device_counts(rows)
-    with_busy = [n for n in counts if any(busy(r.cells.get(n)) for r in rows)]
     pinned = any(row.cores is not None for row in rows)  # a cores/device column only then
-    headers = [workload_title(workload, entries)] + (["cores/device"] if pinned else [])
-    headers.append(f"test acc ({' / '.join(map(str, counts))} dev)")
-    headers += [f"sec/epoch ({n} dev)" for n in counts]
-    multi = [n for n in counts if n > 1]
-    headers += [f"speedup ({n} dev)" for n in multi]
-    headers += [f"GPU busy ({n} dev)" for n in with_busy]
-    tops = [ceiling.of(row.cells.get(1), ceilings) for row in rows]
-    if any(tops):
-        headers += ["ceiling sec/epoch", "x ceiling (1 dev)"]
-    body = []
-    for row, c in zip(rows, tops, strict=True):
-        found = [row.cells.get(n) for n in counts]
-        cells = [f"{row.framework} {row.label}"] + ([tables.cores_text(row)] if pinned else [])
-        cells.append(" / ".join(tables.fmt_acc(tables.acc_of(e)) for e in found))
-        cells += [tables.time_cell(e) for e in found]
-        cells += [row.scaling_cell(n) for n in multi]
-        cells += [busy(row.cells.get(n)) or DASH for n in with_busy]
-        if any(tops):
-            x = c and ceiling.ratio(row.cells.get(1), c)
-            cells += [tables.time_cell(c), DASH if x is None else f"{x:.2f}x"]
-        body.append(cells)
-    return Table(workload, headers, body, dp_notes(entries, rows, with_busy, any(tops), pinned))
+    lines = []
+    for row in rows:
+        top, cells = ceiling.of(row.cells.get(1), ceilings), {n: row.measures(n) for n in counts}
+        line = {workload_title(workload, entries): f"{row.framework} {row.label}"}
+        line["cores/device"] = tables.cores_text(row) if pinned else None
+        line[f"test acc ({' / '.join(map(str, counts))} dev)"] = " / ".join(
+            cells[n]["test acc"] for n in counts
+        )
+        line |= {f"sec/epoch ({n} dev)": cells[n]["sec/epoch"] for n in counts}
+        line |= {f"speedup ({n} dev)": cells[n]["speedup"] for n in counts if n > 1}
+        line |= {f"GPU busy ({n} dev)": busy(row.cells.get(n)) for n in counts}
+        x = top and ceiling.ratio(row.cells.get(1), top)
+        line["ceiling sec/epoch"] = top and tables.time_cell(top)
+        line["x ceiling (1 dev)"] = top and (DASH if x is None else f"{x:.2f}x")
+        lines.append(line)
+    frame = pd.DataFrame(lines).dropna(axis=1, how="all")
+    with_busy = any(c.startswith("GPU busy") for c in frame)
+    notes = dp_notes(entries, rows, with_busy, "ceiling sec/epoch" in frame, pinned)
+    return Table.of(workload, frame.where(frame.notna(), DASH), notes)
 
 
-def dp_notes(entries, rows, with_busy, tops: bool, pinned: bool) -> list[str]:
+def dp_notes(entries, rows, with_busy: bool, tops: bool, pinned: bool) -> list[str]:
     notes = []
     if any(e.rec.extrapolated for e in entries):
         notes.append(f"{STAR} extrapolated: the epoch time is projected from the timed steps.")
@@ -297,31 +283,20 @@ def dp_notes(entries, rows, with_busy, tops: bool, pinned: bool) -> list[str]:
     return notes
 
 
-R50_COLUMNS = ("single", "model_parallel", "pipeline", "best split", "gpipe", "1f1b")
-
-
 def r50_tables(entries: list[Entry]) -> list[Table]:
     """The seconds of every strategy (columns no framework ran are dropped), and where a sweep
     was measured, both models' held-out errors."""
-    rows, _ = tables.r50_rows(entries)
-    cells = {
-        row.framework: {
-            name: tables.r50_cell(row.best() if name == "best split" else row.runs.get(name))
-            for name in R50_COLUMNS
-        }
+    rows, _ = resnet50.rows_of(entries)
+    frame = pd.DataFrame(
+        {r50_title(entries): row.framework}
+        | {name: resnet50.cell(row.get(name)) for name in resnet50.STRATEGIES}
         for row in rows
-    }
-    columns = [c for c in R50_COLUMNS if any(cells[r.framework][c] != DASH for r in rows)]
-    body = [[r.framework, *[cells[r.framework][c] for c in columns]] for r in rows]
+    )
     notes = [f"{STAR} extrapolated."] if any(e.rec.extrapolated for e in entries) else []
-    shared = [e for e in entries if e.shares_device]
-    if shared:
-        notes.append(f"{tables.SHARED} {tables.shared_note(shared[0].rec.platform)}.")
-    out = [Table("resnet50", [r50_title(entries), *columns], body, notes)]
-    fits = [f for row in rows if (f := model_report.fit_row(row)[0]) is not None]
-    if fits:
-        out.append(model_report.errors_table(fits))
-    return out
+    notes += resnet50.shared_diverged_notes(entries, diverged=False)
+    out = [Table.of("resnet50", frame.loc[:, (frame != DASH).any()], notes)]
+    fits = [f for row in rows if (f := resnet50.fit_row(row)[0]) is not None]
+    return out + ([resnet50.errors_table(fits)] if fits else [])
 
 
 def r50_title(entries: list[Entry]) -> str:

@@ -1,5 +1,5 @@
-"""A report as a list of blocks, written out as Markdown, or as one self-contained HTML page
-(images embedded as base64), or as plain text for the terminal.
+"""A report as a list of blocks, written out as Markdown, as one self-contained HTML page (jinja2,
+autoescaped; images embedded as base64), or as plain text for the terminal (tables by tabulate).
 
 Text may quote records (CPU names, strategies, file names), which anyone can edit: Markdown
 escapes what would make them markup (raw HTML, links, line breaks that start new blocks) outside
@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import errno
-import html
 import os
 import re
 import shutil
@@ -21,8 +20,68 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import jinja2
+import markupsafe
+from tabulate import DataRow, TableFormat, tabulate
+
 from common import processes
 from compare.tables import Table
+
+# A code span of the report's own (`make compare`): Markdown shows it as it is, so it is left so.
+CODE_SPAN = re.compile(r"`[^`\x00-\x1f\x7f\u2028\u2029]+`")
+# Outside code spans: what could start markup (HTML, a link or image, an escape, a code span,
+# an entity, GitHub's math) gets a backslash or becomes an entity; line breaks and other control
+# characters become spaces, so no text can start a block (a heading, a list) of its own. (`>`
+# ends a tag that `<` can no longer open, and quotes only at a line's start.)
+MARKUP = str.maketrans(
+    {"\\": "\\\\", "`": "\\`", "[": "\\[", "]": "\\]", "$": "\\$", "<": "&lt;", "&": "&amp;"}
+)
+CONTROL = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")
+# GitHub's pipe tables as the README has them: no padding, `---` under every header.
+ROW = DataRow("| ", " | ", " |")
+MARKDOWN = TableFormat(
+    None, lambda widths, _: "|---" * len(widths) + "|", None, None, ROW, ROW, 0, None
+)
+PAGE = """<!DOCTYPE html>
+<html><head><meta charset="utf-8">
+<title>{{ title }}</title>
+<style>
+body{font-family:sans-serif;max-width:1400px;margin:2em auto;padding:0 1em}
+table{border-collapse:collapse;font-size:90%;margin:1em 0}
+td,th{border:1px solid #bbb;padding:3px 6px;text-align:right}
+td:first-child,th:first-child{text-align:left}img{max-width:100%}
+figcaption{font-style:italic}code{background:#f3f3f3}
+</style></head><body>
+{% for b in blocks %}
+{% if b[0] == "heading" %}
+<h{{ b[1] }}>{{ b[2]|inline }}</h{{ b[1] }}>
+{% elif b[0] == "para" %}
+<p>{{ b[1]|inline }}</p>
+{% elif b[0] == "items" %}
+<ul>{% for item in b[1] %}<li>{{ item|inline }}</li>{% endfor %}</ul>
+{% elif b[0] == "table" %}
+<table><thead><tr>{% for h in b[1].headers %}<th>{{ h }}</th>{% endfor %}</tr></thead><tbody>
+{% for row in b[1].rows %}<tr>{% for c in row %}<td>{{ c }}</td>{% endfor %}</tr>{% endfor %}
+</tbody></table>{% for note in b[1].notes %}<p><small>{{ note|inline }}</small></p>{% endfor %}
+
+{% else %}
+<figure><img alt="{{ b[2] }}" src="data:image/png;base64,{{ b[1]|base64 }}">
+<figcaption>{{ b[2]|inline }}</figcaption></figure>
+{% endif %}
+{% endfor %}
+</body></html>
+"""
+
+
+def inline(text: str) -> markupsafe.Markup:
+    """Markdown `code` and **bold** as HTML; everything else escaped."""
+    text = str(markupsafe.escape(text))
+    text = re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
+    return markupsafe.Markup(re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", text))
+
+
+HTML = jinja2.Environment(autoescape=True, trim_blocks=True, lstrip_blocks=True)
+HTML.filters |= {"inline": inline, "base64": lambda p: base64.b64encode(p.read_bytes()).decode()}
 
 
 @dataclass
@@ -47,56 +106,22 @@ class Doc:
 
     def markdown(self, base: Path) -> str:
         out = []
-        for block in self.blocks:
-            kind = block[0]
+        for kind, *a in self.blocks:
             if kind == "heading":
-                out.append("#" * block[1] + " " + escape(block[2]))
+                out.append("#" * a[0] + " " + escape(a[1]))
             elif kind == "para":
-                out.append(escape(block[1]))
+                out.append(escape(a[0]))
             elif kind == "items":
-                out.append("\n".join(f"- {escape(item)}" for item in block[1]))
+                out.append("\n".join(f"- {escape(item)}" for item in a[0]))
             elif kind == "table":
-                out.append(markdown_table(block[1]))
-            elif kind == "image":
-                rel, caption = relative(block[1], base), escape(block[2])
-                out.append(f"![{caption}]({rel})\n\n*{caption}*")
+                out.append(markdown_table(a[0]))
+            else:
+                caption = escape(a[1])
+                out.append(f"![{caption}]({relative(a[0], base)})\n\n*{caption}*")
         return "\n\n".join(out) + "\n"
 
     def html(self, title: str) -> str:
-        out = [
-            "<!DOCTYPE html>",
-            '<html><head><meta charset="utf-8">',
-            f"<title>{html.escape(title)}</title>",
-            f"<style>{STYLE}</style></head><body>",
-        ]
-        for block in self.blocks:
-            kind = block[0]
-            if kind == "heading":
-                out.append(f"<h{block[1]}>{inline(block[2])}</h{block[1]}>")
-            elif kind == "para":
-                out.append(f"<p>{inline(block[1])}</p>")
-            elif kind == "items":
-                out.append("<ul>" + "".join(f"<li>{inline(i)}</li>" for i in block[1]) + "</ul>")
-            elif kind == "table":
-                out.append(html_table(block[1]))
-            elif kind == "image":
-                data = base64.b64encode(block[1].read_bytes()).decode("ascii")
-                out.append(
-                    f'<figure><img alt="{html.escape(block[2])}" '
-                    f'src="data:image/png;base64,{data}">'
-                    f"<figcaption>{inline(block[2])}</figcaption></figure>"
-                )
-        out.append("</body></html>")
-        return "\n".join(out) + "\n"
-
-
-STYLE = (
-    "body{font-family:sans-serif;max-width:1400px;margin:2em auto;padding:0 1em}"
-    "table{border-collapse:collapse;font-size:90%;margin:1em 0}"
-    "td,th{border:1px solid #bbb;padding:3px 6px;text-align:right}"
-    "td:first-child,th:first-child{text-align:left}img{max-width:100%}"
-    "figcaption{font-style:italic}code{background:#f3f3f3}"
-)
+        return HTML.from_string(PAGE).render(title=title, blocks=self.blocks)
 
 
 def relative(path: Path, base: Path) -> str:
@@ -106,30 +131,14 @@ def relative(path: Path, base: Path) -> str:
         return path.as_posix()
 
 
-# A code span of the report's own (`make compare`): Markdown shows it as it is, so it is left so.
-CODE_SPAN = re.compile(r"`[^`\x00-\x1f\x7f\u2028\u2029]+`")
-# Outside code spans: what could start markup (HTML, a link or image, an escape, a code span,
-# an entity, GitHub's math) gets a backslash or becomes an entity; line breaks and other control
-# characters become spaces, so no text can start a block (a heading, a list) of its own. (`>`
-# ends a tag that `<` can no longer open, and quotes only at a line's start.)
-MARKUP = {"\\": "\\\\", "`": "\\`", "[": "\\[", "]": "\\]", "$": "\\$"}
-MARKUP |= {"<": "&lt;", "&": "&amp;"}
-CONTROL = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")
-
-
 def escape(text: str) -> str:
     """`text` as Markdown shows it literally: escaped outside its `code` spans, which Markdown
     shows literally anyway."""
     out, at = [], 0
     for span in CODE_SPAN.finditer(text):
-        out += [_escape_plain(text[at : span.start()]), span.group()]
+        out += [CONTROL.sub(" ", text[at : span.start()]).translate(MARKUP), span.group()]
         at = span.end()
-    return "".join([*out, _escape_plain(text[at:])])
-
-
-def _escape_plain(text: str) -> str:
-    text = CONTROL.sub(" ", text)
-    return "".join(MARKUP.get(c, c) for c in text)
+    return "".join([*out, CONTROL.sub(" ", text[at:]).translate(MARKUP)])
 
 
 def plain(text: str) -> str:
@@ -137,48 +146,24 @@ def plain(text: str) -> str:
     return CONTROL.sub(" ", str(text))
 
 
-def _cell(text: str) -> str:
-    return escape(str(text)).replace("|", "\\|")
+def markdown_table(t: Table, notes: bool = True) -> str:
+    cells = [[escape(str(c)).replace("|", "\\|") for c in row] for row in [t.headers, *t.rows]]
+    text = tabulate(cells[1:], cells[0], tablefmt=MARKDOWN, disable_numparse=True, stralign=None)
+    return text + (f"\n\n{quoted(t.notes)}" if notes and t.notes else "")
 
 
-def markdown_table(t: Table) -> str:
-    lines = [
-        "| " + " | ".join(map(_cell, t.headers)) + " |",
-        "|" + "|".join("---" for _ in t.headers) + "|",
-    ]
-    lines += ["| " + " | ".join(map(_cell, row)) + " |" for row in t.rows]
-    text = "\n".join(lines)
-    if t.notes:
-        # a note opening with "* " (the extrapolated mark) would be a list item: escape it
-        notes = ("\\" + n if n.startswith("* ") else n for n in map(escape, t.notes))
-        text += "\n\n" + "\n".join(f"> {note}  " for note in notes)
-    return text
-
-
-def html_table(t: Table) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in t.headers)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in t.rows
-    )
-    notes = "".join(f"<p><small>{inline(n)}</small></p>" for n in t.notes)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{notes}"
-
-
-def inline(text: str) -> str:
-    """Markdown `code` and **bold** as HTML; everything else escaped."""
-    text = html.escape(text)
-    text = re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
-    return re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", text)
+def quoted(notes: list[str]) -> str:
+    """Notes as quoted lines; one opening with "* " (the extrapolated mark) would be a list
+    item, so its star is escaped."""
+    notes = ("\\" + n if n.startswith("* ") else n for n in map(escape, notes))
+    return "\n".join(f"> {note}  " for note in notes)
 
 
 def text_table(t: Table) -> str:
     """A plain aligned table for the terminal."""
-    headers, rows = list(map(plain, t.headers)), [list(map(plain, row)) for row in t.rows]
-    widths = [max(len(x) for x in col) for col in zip(headers, *rows, strict=False)]
-    lines = ["  ".join(x.ljust(w) for x, w in zip(headers, widths, strict=False))]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(x.ljust(w) for x, w in zip(row, widths, strict=False)) for row in rows]
-    return "\n".join(line.rstrip() for line in lines)
+    rows = [[plain(c) for c in row] for row in t.rows]
+    text = tabulate(rows, [plain(h) for h in t.headers], disable_numparse=True)
+    return "\n".join(line.rstrip() for line in text.splitlines())
 
 
 @contextmanager
@@ -188,7 +173,10 @@ def staged(out: Path) -> Iterator[Path]:
     and the previous report stays as it was."""
     made = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    remove_stale_stages(out)
+    for stage in out.glob(".report-*"):  # of reports killed outright (SIGKILL), once gone
+        pid = stage.name.split("-")[1]
+        if stage.is_dir() and not (pid.isdigit() and processes.alive(int(pid))):
+            shutil.rmtree(stage, ignore_errors=True)
     try:
         stage = Path(tempfile.mkdtemp(dir=out, prefix=f".report-{os.getpid()}-"))
         try:
@@ -200,15 +188,6 @@ def staged(out: Path) -> Iterator[Path]:
         if made:  # removed only while empty: when nothing was published into it
             with contextlib.suppress(OSError):
                 out.rmdir()
-
-
-def remove_stale_stages(out: Path) -> None:
-    """The stages of reports killed outright (SIGKILL), whose `finally` never ran: each names
-    its process, and is removed once that process is gone."""
-    for stage in out.glob(".report-*"):
-        pid = stage.name.split("-")[1]
-        if stage.is_dir() and not (pid.isdigit() and processes.alive(int(pid))):
-            shutil.rmtree(stage, ignore_errors=True)
 
 
 def publish(stage: Path, out: Path) -> None:
@@ -226,14 +205,11 @@ def publish(stage: Path, out: Path) -> None:
 
 def write(doc: Doc, out: Path, html_title: str | None = None) -> list[Path]:
     """report.md in `out`, and with `html_title` report.html; the paths written."""
-    md = out / "report.md"
-    md.write_text(doc.markdown(out), encoding="utf-8")
-    written = [md]
-    if html_title is not None:
-        page = out / "report.html"
-        page.write_text(doc.html(html_title), encoding="utf-8")
-        written.append(page)
-    return written
+    (out / "report.md").write_text(doc.markdown(out), encoding="utf-8")
+    if html_title is None:
+        return [out / "report.md"]
+    (out / "report.html").write_text(doc.html(html_title), encoding="utf-8")
+    return [out / "report.md", out / "report.html"]
 
 
 @contextmanager
@@ -244,9 +220,6 @@ def literal_plot_text() -> Iterator[None]:
 
     with matplotlib.rc_context({"text.parse_math": False, "text.usetex": False}):
         yield
-
-
-# --- the report's folder: whether it can be written, and what a failure left there ----------
 
 
 def check_out(out: Path) -> None:

@@ -12,24 +12,14 @@ import argparse
 import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from functools import partial
 from pathlib import Path
 
 from common import config, devices
-from compare import (
-    ceiling,
-    model_report,
-    records,
-    render,
-    scaling_report,
-    side_tables,
-    summary,
-    tables,
-    throughput,
-)
+from compare import ceiling, records, render, resnet50, scaling_report, summary, tables
+from compare.checks import WORKLOADS
 from compare.records import Entry, LeftOut, Machine
 from compare.render import Doc, check_out, not_written, unchanged
-from compare.tables import R50Row, Table
+from compare.tables import Table
 
 EXIT_NO_RESULTS = 1
 EXIT_BAD_INPUT = 2
@@ -44,27 +34,14 @@ TITLE = "Multi-device training side by side: PyTorch, JAX, MXNet"
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m compare.report", description=__doc__.split("\n")[2])
-    p.add_argument(
-        "--results",
-        nargs="+",
-        action="extend",
-        help="results file(s) (default: results/results.jsonl)",
-    )
+    default = "results file(s) (default: results/results.jsonl)"
+    p.add_argument("--results", nargs="+", action="extend", help=default)
     p.add_argument("--out", default="reports", help="directory for report.md and plots")
     p.add_argument("--html", action="store_true", help="also write a self-contained report.html")
     # choices: a typo (`--preset smok`) is an error, not an empty report
-    p.add_argument(
-        "--preset",
-        default=None,
-        choices=config.PRESETS,
-        help="show only this preset (default: every one)",
-    )
-    p.add_argument(
-        "--platform",
-        default=None,
-        choices=devices.PLATFORMS,
-        help="show only this platform (default auto: every one)",
-    )
+    every = "show only this {} (default{}: every one)"
+    p.add_argument("--preset", choices=config.PRESETS, help=every.format("preset", ""))
+    p.add_argument("--platform", choices=devices.PLATFORMS, help=every.format("platform", " auto"))
     return p
 
 
@@ -73,9 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     platform = None if args.platform in (None, "auto") else args.platform
     try:
         check_out(Path(args.out))  # before any work, not after the plots
-        return build(
-            args.results or ["results/results.jsonl"], args.out, args.html, args.preset, platform
-        )
+        paths = args.results or ["results/results.jsonl"]
+        return build(paths, args.out, args.html, args.preset, platform)
     except OSError as e:
         print(f"error: cannot write the report: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -90,9 +66,8 @@ class Loaded:
     invalid: list[LeftOut]
     superseded: list[LeftOut]
     left: list[LeftOut]  # not asked for (--preset, --platform), or another record in its place
-    kept: list[Entry]
     machines: list[Machine]
-    envs: dict[str, str]
+    kept: list[Entry]
 
     def left_out(self) -> int:
         return len(self.invalid) + len(self.superseded) + len(self.left)
@@ -111,33 +86,16 @@ def load(paths, preset=None, platform=None, out: Path | None = None) -> Loaded |
     if not machines and unasked:
         asked = unasked[0].reason.removeprefix("not ")
         there = sorted({f"preset {x.entry.rec.preset} on {x.entry.rec.platform}" for x in unasked})
-        print(
-            f"error: none of the {len(unasked)} usable record(s) in {files} is {asked} "
-            f"(there are: {'; '.join(there)}); choose one of those{unchanged(out)}",
-            file=sys.stderr,
-        )
-        return None
-    if not machines:
+        why = f"none of the {len(unasked)} usable record(s) in {files} is {asked} (there are: "
+        why += f"{'; '.join(there)}); choose one of those"
+    elif not machines:
         problems = warnings + [f"{x.entry.describe()}: {x.reason}" for x in invalid + left]
-        why = f"{len(problems)} problem(s); first: {problems[0]}" if problems else "no records"
-        print(
-            f"error: no usable results in {files} ({why}); "
-            f"run `make compare` or `make bench` first{unchanged(out)}",
-            file=sys.stderr,
-        )
-        return None
-    envs = records.environments(kept)
-    return Loaded(entries, warnings, invalid, superseded, left, kept, machines, envs)
-
-
-@dataclass
-class Section:
-    machine: Machine
-    workload: str
-    entries: list[Entry]
-    table: Table | None = None
-    terminal: Table | None = None
-    figures: list[tuple[Path, str]] = field(default_factory=list)
+        first = f"{len(problems)} problem(s); first: {problems[0]}" if problems else "no records"
+        why = f"no usable results in {files} ({first}); run `make compare` or `make bench` first"
+    else:
+        return Loaded(entries, warnings, invalid, superseded, left, machines, kept)
+    print(f"error: {why}{unchanged(out)}", file=sys.stderr)
+    return None
 
 
 def build(paths, out, write_html=False, preset=None, platform=None, echo=print, notes=()) -> int:
@@ -148,223 +106,199 @@ def build(paths, out, write_html=False, preset=None, platform=None, echo=print, 
     data = load(paths, preset, platform, out)
     if data is None:
         return EXIT_NO_RESULTS
+    for note in notes:
+        echo(f"note: {note}")
     try:
         with render.staged(out) as stage, render.literal_plot_text():
-            doc, best, sections = compose(paths, data, stage, notes, echo)
-            written = render.write(doc, stage, TITLE if write_html else None)
+            report = Report(Doc(), stage, data, records.environments(data.kept))
+            report.compose(paths, notes)
+            written = render.write(report.doc, stage, TITLE if write_html else None)
     except OSError as e:
         print(f"error: {not_written(out, e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if len(data.machines) > 1:
-        echo("\nthe best time on each machine")
-        echo(render.text_table(best))
-    terminal(sections, data, [out / p.relative_to(stage) for p in written], echo)
-    return 0
-
-
-def compose(paths, data: Loaded, out: Path, notes, echo) -> tuple[Doc, Table, list[Section]]:
-    """The report's document, its summary table and its sections, the plots drawn into `out`."""
-    doc = Doc()
-    doc.heading(1, TITLE)
-    doc.para(
-        f"Generated {datetime.now(timezone.utc).isoformat(timespec='seconds')} from "
-        f"{', '.join(f'`{p}`' for p in paths)}: {len(data.read)} record(s) read, "
-        f"{len(data.superseded)} superseded by newer ones, {len(data.invalid)} unusable, "
-        f"{len(data.warnings)} warning(s); {len(data.machines)} machine group(s). "
-        "Environments (E1, ...) are listed at the end."
-    )
-    doc.items(list(notes))
-    doc.para(throughput.COMPILED_NOTE)
-    for note in notes:
-        echo(f"note: {note}")
-    doc.heading(2, "Summary: the best time on each machine")
-    best = summary.summary_table(data.machines)
-    doc.table(best)
-    sections = []
-    for machine in data.machines:
-        sections += machine_section(doc, machine, out, data)
-    environment_section(doc, data.kept, data.envs)
-    left_out_section(doc, data)
-    return doc, best, sections
-
-
-def terminal(sections: list[Section], data: Loaded, written: list[Path], echo) -> None:
-    """The main tables, the first warnings, and what was written."""
-    for s in sections:
-        if s.terminal is not None:
-            echo(f"\n{s.workload} on {render.plain(s.machine.title)}")
-            echo(render.text_table(s.terminal))
+    for title, table in report.terminal:
+        echo(f"\n{title}")
+        echo(render.text_table(table))
     warnings = data.warnings
     for warning in warnings[:MAX_WARNINGS_SHOWN]:
         echo(f"warning: {render.plain(warning)}")
     if len(warnings) > MAX_WARNINGS_SHOWN:
         echo(f"warning: ... and {len(warnings) - MAX_WARNINGS_SHOWN} more (see the report)")
-    plots = sum(len(s.figures) for s in sections)
     echo(
-        f"\nwrote {', '.join(map(str, written))} and {plots} plot(s) for "
-        f"{len(data.machines)} machine group(s); {data.left_out()} record(s) left out, "
-        f"{len(warnings)} warning(s) (listed in the report)"
+        f"\nwrote {', '.join(str(out / p.relative_to(stage)) for p in written)} and "
+        f"{report.plots} plot(s) for {len(data.machines)} machine group(s); {data.left_out()} "
+        f"record(s) left out, {len(warnings)} warning(s) (listed in the report)"
     )
+    return 0
 
 
-def machine_section(doc: Doc, machine: Machine, out: Path, data: Loaded) -> list[Section]:
-    """A machine group's heading, then every workload's tables and plots."""
-    doc.heading(2, machine.title)
-    sources = sorted({e.source for e in machine.entries})
-    doc.para(
-        f"Comparable group: preset {machine.preset}, "
-        f"{records.platform_text(machine.platform, machine.virtual)}, {machine.hardware}; "
-        f"{len(machine.entries)} record(s) from {', '.join(f'`{s}`' for s in sources)}."
-    )
-    sections = []
-    for workload in records.WORKLOADS:
-        s = Section(machine, workload, machine.workload(workload))
-        if workload == "resnet50":
-            data.left += resnet50_section(doc, s, out / machine.slug, data.envs)
-        else:
-            dp_section(doc, s, out / machine.slug, data.envs)
-        sections.append(s)
-    if machine.cluster:
-        s = Section(machine, "nodes", machine.cluster)
-        draw = partial(nodes_plot, doc, s, out / machine.slug, data.envs)
-        scaling_report.section(doc, s.entries, data.kept, draw)
-        sections.append(s)
-    return sections
+@dataclass
+class Report:
+    """The report's document, composed section by section, its plots drawn into `out`, and
+    the tables the terminal shows once it is written."""
 
+    doc: Doc
+    out: Path
+    data: Loaded
+    envs: dict[str, str]
+    terminal: list[tuple[str, Table]] = field(default_factory=list)
+    plots: int = 0
 
-def nodes_plot(doc: Doc, s: Section, out: Path, envs, workload: str, lines, used) -> None:
-    """The cluster's plot of one workload (scaling_report.section draws it after its table)."""
-    what = f"{workload}: seconds per step against the link's rate, dashed: the model"
-    path = plots().nodes(out / f"{workload}_nodes.png", f"{what}\n{s.machine.title}", lines)
-    add_figure(doc, s, path, what, used, envs)
-
-
-def dp_section(doc: Doc, s: Section, out: Path, envs: dict[str, str]) -> None:
-    doc.heading(3, HEADINGS[s.workload])
-    if not s.entries:
-        doc.para(f"No {s.workload} records in this group.")
-        return
-    rows = tables.dp_rows(s.entries)
-    s.table = tables.dp_table(s.workload, rows, envs)
-    s.terminal = side_tables.dp_terminal(rows)
-    doc.table(s.table)
-    ceiling_table = ceiling.ceiling_table(s.workload, s.entries, s.machine.ceilings, envs)
-    if ceiling_table is not None:
-        doc.heading(4, "Training loop vs its framework's ceiling")
-        doc.para(ceiling.EXPLANATION)
-        doc.table(ceiling_table)
-    flops_section(doc, s.workload, s.entries)
-    extras = side_tables.extras_table(f"{s.workload} memory and utilisation", rows)
-    if extras is not None:
-        doc.heading(4, "Memory and utilisation")
-        doc.table(extras)
-    name = s.workload
-    marks = ceiling.sec_per_epoch(s.entries, s.machine.ceilings, name)
-    bars = f"{name}: sec/epoch, median ± std" + (", black line: ceiling" if marks else "")
-    figures = [
-        (partial(plots().sec_bars, ceilings=marks), f"{name}_sec_per_epoch.png", bars),
-        (plots().scaling, f"{name}_scaling.png", f"{name}: speedup vs 1 device, ideal dashed"),
-        (plots().accuracy, f"{name}_accuracy.png", f"{name}: test accuracy per epoch"),
-    ]
-    for draw, file, what in figures:
-        add_figure(
-            doc, s, draw(out / file, f"{what}\n{s.machine.title}", rows), what, s.entries, envs
+    def compose(self, paths, notes) -> None:
+        doc, data = self.doc, self.data
+        doc.heading(1, TITLE)
+        doc.para(
+            f"Generated {datetime.now(timezone.utc).isoformat(timespec='seconds')} from "
+            f"{', '.join(f'`{p}`' for p in paths)}: {len(data.read)} record(s) read, "
+            f"{len(data.superseded)} superseded by newer ones, {len(data.invalid)} unusable, "
+            f"{len(data.warnings)} warning(s); {len(data.machines)} machine group(s). "
+            "Environments (E1, ...) are listed at the end."
         )
+        doc.items(list(notes))
+        doc.para(summary.COMPILED_NOTE)
+        doc.heading(2, "Summary: the best time on each machine")
+        doc.table(best := summary.summary_table(data.machines))
+        if len(data.machines) > 1:
+            self.terminal.append(("the best time on each machine", best))
+        for machine in data.machines:
+            self.machine(machine)
+        self.environments()
+        self.left_out()
 
-
-def flops_section(doc: Doc, workload: str, entries: list[Entry]) -> None:
-    table = throughput.flops_table(workload, entries)
-    if table is not None:
-        doc.heading(4, "Throughput: TFLOP/s and % of peak")
-        doc.table(table)
-
-
-def add_figure(doc: Doc, s: Section, path, what: str, used: list[Entry], envs) -> None:
-    """A drawn plot (path None: nothing to draw) with its caption: what, where, environments."""
-    if path is not None:
-        caption = f"{what}; {s.machine.title}. Environment: {tables.env_cell(used, envs)}."
-        s.figures.append((path, caption))
-        doc.image(path, caption)
-
-
-def resnet50_section(doc: Doc, s: Section, out: Path, envs: dict[str, str]) -> list[LeftOut]:
-    doc.heading(3, HEADINGS[s.workload])
-    if not s.entries:
-        doc.para("No resnet50 records in this group.")
-        return []
-    rows, left = tables.r50_rows(s.entries)
-    s.table = tables.r50_table(s.workload, rows, envs)
-    s.terminal = side_tables.r50_terminal(s.table)
-    doc.table(s.table)
-    shown = [e for row in rows for e in row.entries()]
-    flops_section(doc, s.workload, shown)
-    for draw, file, what in (
-        (plots().r50_bars, "resnet50_strategies.png", "resnet50: seconds per timed repeat"),
-        (plots().sweep, "resnet50_split_size.png", "resnet50: the split_size tradeoff"),
-    ):
-        add_figure(doc, s, draw(out / file, f"{what}\n{s.machine.title}", rows), what, shown, envs)
-    if any(row.sweep for row in rows):
-        model_section(doc, s, rows, out, envs)
-    return left
-
-
-def model_section(doc: Doc, s: Section, rows: list[R50Row], out: Path, envs) -> None:
-    doc.heading(4, "Pipelined or serial: the sweep against two timing models")
-    doc.para(model_report.EXPLANATION)
-    fits = []
-    for row in rows:
-        fitted, why = model_report.fit_row(row)
-        if fitted is None:
-            doc.para(f"{row.framework}: {why}")
-            continue
-        fits.append(fitted)
-        doc.para(f"**{row.framework}**: {model_report.describe(fitted)}")
-        doc.table(model_report.model_table(fitted))
-        projected = model_report.projection(fitted)
-        if isinstance(projected, Table):
-            doc.table(projected)
-        elif projected:
-            doc.para(projected)
-    if not fits:
-        return
-    doc.table(model_report.errors_table(fits))
-    stages = model_report.PROJECTED_STAGES
-    what = "resnet50: measured sweep and the model it supports (none drawn where neither fits)"
-    if any(f.selection.chosen == "pipelined" for f in fits):
-        what += ", projected to " + " and ".join(map(str, stages)) + " stages (not measured)"
-    path = plots().model_plot(
-        out / "resnet50_sweep_models.png", f"resnet50 sweep models\n{s.machine.title}", fits, stages
-    )
-    add_figure(doc, s, path, what, [e for f in fits for e in f.row.sweep.values()], envs)
-
-
-def environment_section(doc: Doc, kept: list[Entry], envs: dict[str, str]) -> None:
-    doc.heading(2, "Environment")
-    used: dict[str, set[str]] = {}
-    for e in kept:
-        used.setdefault(records.environment_text(e.rec), set()).add(
-            f"{e.rec.framework} {e.rec.workload}"
+    def machine(self, m: Machine) -> None:
+        """A machine group's heading, then every workload's tables and plots."""
+        self.doc.heading(2, m.title)
+        sources = ", ".join(f"`{s}`" for s in sorted({e.source for e in m.entries}))
+        self.doc.para(
+            f"Comparable group: preset {m.preset}, {records.platform_text(m.platform, m.virtual)}"
+            f", {m.hardware}; {len(m.entries)} record(s) from {sources}."
         )
-    body = [[label, text, ", ".join(sorted(used.get(text, ())))] for text, label in envs.items()]
-    doc.table(Table("environments", ["env", "hardware; versions; commit", "used by"], body))
+        for workload in WORKLOADS:
+            self.doc.heading(3, HEADINGS[workload])
+            entries = m.workload(workload)
+            if not entries:
+                self.doc.para(f"No {workload} records in this group.")
+            elif workload == "resnet50":
+                self.resnet50(m, entries)
+            else:
+                self.data_parallel(m, workload, entries)
+        if m.cluster:
+            scaling_report.section(self.doc, m.cluster, self.data.kept, self.nodes_plot(m))
 
+    def figure(self, m: Machine, draw, file: str, what: str, used: list[Entry], *args) -> None:
+        """A plot of the group (none where `draw` finds nothing to draw), with its caption:
+        what, where, environments."""
+        path = draw(self.out / m.slug / file, f"{what}\n{m.title}", *args)
+        if path is not None:
+            self.plots += 1
+            envs = tables.env_cell(used, self.envs)
+            self.doc.image(path, f"{what}; {m.title}. Environment: {envs}.")
 
-def left_out_section(doc: Doc, data: Loaded) -> None:
-    doc.heading(2, "Left out")
-    if not (data.warnings or data.left_out()):
-        doc.para("Nothing: every record read is shown.")
-        return
-    if data.warnings:
-        doc.heading(3, "Unreadable lines and files")
-        doc.items(data.warnings)
-    for heading, outs in (
-        ("Unusable records", data.invalid),
-        ("Older records of the same cell (the newest is shown)", data.superseded),
-        ("Not asked for, or another record shown in its place", data.left),
-    ):
-        if outs:
-            doc.heading(3, heading)
-            doc.items([f"{x.entry.describe()}: {x.reason}" for x in outs])
+    def table(self, heading: str, table: Table | None, text: str | None = None) -> None:
+        """A table of its own under a heading (and a paragraph), where there is one."""
+        if table is not None:
+            self.doc.heading(4, heading)
+            if text:
+                self.doc.para(text)
+            self.doc.table(table)
+
+    def data_parallel(self, m: Machine, workload: str, entries: list[Entry]) -> None:
+        rows = tables.dp_rows(entries)
+        self.doc.table(tables.dp_table(workload, rows, self.envs))
+        self.terminal.append((f"{workload} on {render.plain(m.title)}", tables.dp_terminal(rows)))
+        found = ceiling.ceiling_table(workload, entries, m.ceilings, self.envs)
+        self.table("Training loop vs its framework's ceiling", found, ceiling.EXPLANATION)
+        self.table("Throughput: TFLOP/s and % of peak", summary.flops_table(workload, entries))
+        extras = tables.extras_table(f"{workload} memory and utilisation", rows)
+        self.table("Memory and utilisation", extras)
+        marks = ceiling.sec_per_epoch(entries, m.ceilings, workload)
+        what = f"{workload}: sec/epoch, median ± std" + (", black line: ceiling" if marks else "")
+        file = f"{workload}_sec_per_epoch.png"
+        self.figure(m, plots().sec_bars, file, what, entries, rows, marks)
+        what = f"{workload}: speedup vs 1 device, ideal dashed"
+        self.figure(m, plots().scaling, f"{workload}_scaling.png", what, entries, rows)
+        what = f"{workload}: test accuracy per epoch"
+        self.figure(m, plots().accuracy, f"{workload}_accuracy.png", what, entries, rows)
+
+    def resnet50(self, m: Machine, entries: list[Entry]) -> None:
+        rows, left = resnet50.rows_of(entries)
+        self.data.left += left
+        self.doc.table(table := resnet50.table("resnet50", rows, self.envs))
+        keep = [i for i, h in enumerate(table.headers) if h not in ("platform", "preset", "env")]
+        cut = [[row[i] for i in keep] for row in table.rows]
+        terminal = Table("terminal", [table.headers[i] for i in keep], cut)
+        self.terminal.append((f"resnet50 on {render.plain(m.title)}", terminal))
+        shown = [e for row in rows for e in row.entries()]
+        self.table("Throughput: TFLOP/s and % of peak", summary.flops_table("resnet50", shown))
+        what = "resnet50: seconds per timed repeat"
+        self.figure(m, plots().r50_bars, "resnet50_strategies.png", what, shown, rows)
+        what = "resnet50: the split_size tradeoff"
+        self.figure(m, plots().sweep, "resnet50_split_size.png", what, shown, rows)
+        if any(row.sweep for row in rows):
+            self.models(m, rows)
+
+    def models(self, m: Machine, rows: list[resnet50.R50Row]) -> None:
+        doc = self.doc
+        doc.heading(4, "Pipelined or serial: the sweep against two timing models")
+        doc.para(resnet50.EXPLANATION)
+        fits = []
+        for row in rows:
+            fitted, why = resnet50.fit_row(row)
+            if fitted is None:
+                doc.para(f"{row.framework}: {why}")
+                continue
+            fits.append(fitted)
+            doc.para(f"**{row.framework}**: {resnet50.describe(fitted)}")
+            doc.table(resnet50.model_table(fitted))
+            projected = resnet50.projection(fitted)
+            if projected:
+                (doc.table if isinstance(projected, Table) else doc.para)(projected)
+        if not fits:
+            return
+        doc.table(resnet50.errors_table(fits))
+        stages = resnet50.PROJECTED_STAGES
+        what = "resnet50: measured sweep and the model it supports (none drawn where neither fits)"
+        if any(f.selection.chosen == "pipelined" for f in fits):
+            what += ", projected to " + " and ".join(map(str, stages)) + " stages (not measured)"
+        used = [e for f in fits for e in f.row.sweep.values()]
+        self.figure(m, plots().model_plot, "resnet50_sweep_models.png", what, used, fits, stages)
+
+    def nodes_plot(self, m: Machine):
+        """The cluster's plot of one workload (scaling_report.section draws it after its table)."""
+
+        def draw(workload: str, lines, used: list[Entry]) -> None:
+            what = f"{workload}: seconds per step against the link's rate, dashed: the model"
+            self.figure(m, plots().nodes, f"{workload}_nodes.png", what, used, lines)
+
+        return draw
+
+    def environments(self) -> None:
+        self.doc.heading(2, "Environment")
+        used: dict[str, set[str]] = {}
+        for e in self.data.kept:
+            what = f"{e.rec.framework} {e.rec.workload}"
+            used.setdefault(records.environment_text(e.rec), set()).add(what)
+        body = [[label, text, ", ".join(sorted(used[text]))] for text, label in self.envs.items()]
+        headers = ["env", "hardware; versions; commit", "used by"]
+        self.doc.table(Table("environments", headers, body))
+
+    def left_out(self) -> None:
+        doc, data = self.doc, self.data
+        doc.heading(2, "Left out")
+        if not (data.warnings or data.left_out()):
+            doc.para("Nothing: every record read is shown.")
+        for heading, items in (
+            ("Unreadable lines and files", data.warnings),
+            ("Unusable records", data.invalid),
+            ("Older records of the same cell (the newest is shown)", data.superseded),
+            ("Not asked for, or another record shown in its place", data.left),
+        ):
+            if items:
+                doc.heading(3, heading)
+                said = (
+                    x if isinstance(x, str) else f"{x.entry.describe()}: {x.reason}" for x in items
+                )
+                doc.items(list(said))
 
 
 def plots():

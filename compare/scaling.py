@@ -48,12 +48,9 @@ class Engine:
 
 
 def engine_of(e: Entry) -> Engine:
-    r = e.rec
-    nodes = e.nodes or 1
-    tier = e.label[len(str(r.strategy)) :]
-    return Engine(
-        r.framework, tier, e.cores_per_device, r.preset, r.batch_size / r.devices, r.devices / nodes
-    )
+    r, nodes = e.rec, e.nodes or 1
+    per_device = r.batch_size / r.devices
+    return Engine(r.framework, e.tier, e.cores_per_device, r.preset, per_device, r.devices / nodes)
 
 
 def algorithm(e: Entry) -> str | None:
@@ -77,14 +74,14 @@ def step_seconds(e: Entry | None) -> float | None:
 def measured_bytes(e: Entry) -> float | None:
     """Bytes node 0's link carried per step, the mean of the two directions; None on one
     node, which has no link: what its interface counts there is stray packets, not training."""
-    counts = e.rec.extra.get("link_bytes")
+    counts = e.extra.get("link_bytes")
     if e.nodes == 1 or not isinstance(counts, dict):
         return None
     return (counts["tx"] + counts["rx"]) / 2 / counts["steps"]
 
 
 def link(e: Entry) -> dict:
-    value = e.rec.extra.get("link")
+    value = e.extra.get("link")
     return value if isinstance(value, dict) else {}
 
 
@@ -192,24 +189,20 @@ def fmt_seconds(x: float | None) -> str:
     return DASH if x is None else f"{x:.{decimals(abs(x)) if x else 2}f} s"
 
 
-def fmt_bytes(x: float | None) -> str:
-    """Decimal units, about three significant digits: `44.7 MB`."""
-    if x is None:
-        return DASH
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+def fmt_units(x: float, unit: str) -> str:
+    """Decimal prefixes, about three significant digits: `44.7 MB`, `941 Mbit/s`."""
+    for prefix, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if x >= size:
-            return f"{x / size:.{decimals(x / size)}f} {unit}"
-    return f"{x:.0f} B"
+            return f"{x / size:.{decimals(x / size)}f} {prefix}{unit}"
+    return f"{x:.0f} {unit}"
+
+
+def fmt_bytes(x: float | None) -> str:
+    return DASH if x is None else fmt_units(x, "B")
 
 
 def fmt_bits(x: float | None) -> str:
-    """A rate in bits per second: `941 Mbit/s`."""
-    if not x:
-        return DASH
-    for unit, size in (("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3)):
-        if x >= size:
-            return f"{x / size:.{decimals(x / size)}f} {unit}"
-    return f"{x:.0f} bit/s"
+    return fmt_units(x, "bit/s") if x else DASH
 
 
 def fmt_error(x: float) -> str:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from compare import comm_model as cm
 from compare import records
+from compare.checks import WORKLOADS
 from compare.records import Entry
 from compare.render import Doc
 from compare.scaling import (
@@ -238,8 +239,8 @@ def predicted_row(e: Entry, grad: int, name: str, bandwidth: float, n: int) -> l
 
 def by_workload(cluster: list[Entry]):
     """(workload, its runs, their cells, the model chosen per engine) of each workload that has
-    cluster runs, in records.WORKLOADS order: what the report and docs/results.md both show."""
-    for workload in records.WORKLOADS:
+    cluster runs, in WORKLOADS order: what the report and docs/results.md both show."""
+    for workload in WORKLOADS:
         mine = [e for e in cluster if e.rec.workload == workload]
         if mine:
             cells = cells_of(mine)
@@ -253,7 +254,7 @@ def measured_tables(cluster: list[Entry]) -> list[Table]:
 
 def predicted(kept: list[Entry], cluster: list[Entry]) -> list[Table | str]:
     """Per workload of the cluster's runs, its predictions table or the line saying why none."""
-    workloads = sorted({e.rec.workload for e in cluster}, key=records.WORKLOADS.index)
+    workloads = sorted({e.rec.workload for e in cluster}, key=WORKLOADS.index)
     return [predictions(kept, cluster, workload) for workload in workloads]
 
 

@@ -1,27 +1,36 @@
-"""The comparison tables: one per workload, frameworks (and strategies) as rows.
-
-lenet and resnet18: device counts as columns, with test accuracy, sec/epoch (median +- std, n),
-images/s, and speedup and scaling efficiency against the same row's 1-device time.
-resnet50: single / model_parallel / pipeline / best split of the sweep / gpipe / 1f1b seconds.
-Figures projected from fewer steps carry a `*` and a footnote.
-"""
+"""The cells every table shares, and the data-parallel tables (lenet, resnet18): one row per
+framework, strategy and cores per device, the device counts as columns, with test accuracy,
+sec/epoch (median ± std, n), images/s, and speedup and scaling efficiency against the same row's
+1-device time where the runs are alike. Figures projected from fewer steps carry a `*` and a
+note."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
-from compare import record_checks
-from compare.records import Entry, LeftOut, environment_text, platform_text, sort_key
+import pandas as pd
 
-DASH = "–"
-STAR = "*"
+from compare.checks import SEQUENTIAL
+from compare.records import Entry, environment_text, platform_text, rank
+
+DASH, STAR = "–", "*"
 SHARED = "†"  # a resnet50 record whose stages shared one device
-
-
-def shared_note(platform: str) -> str:
-    device = "GPU" if platform == "gpu" else "device"
-    return f"stages share one {device}: measures per-micro-batch overhead, not overlap"
+DIVERGED_NOTE = (
+    "diverged at epoch N: the training loss went non-finite in epoch N and the run stopped; "
+    "its figures are not shown (rerun it with a lower --lr)."
+)
+OVERHEADS = "overheads only"
+UNLIKE_NOTES = {
+    OVERHEADS: f"{OVERHEADS}: the devices shared the process's CPU cores, so the n-device time "
+    "shows the scheme's overheads, not a speedup.",
+    SEQUENTIAL: f"{SEQUENTIAL}: one process stepped its devices one after another on their own "
+    "cores, so the n-device time cannot be a speedup.",
+}
+CORES_NOTE = (
+    "cores/device: the CPU cores each device had to itself; shared: every device ran on all of "
+    "the process's cores; GPU: a GPU of its own."
+)
 
 
 @dataclass
@@ -31,8 +40,14 @@ class Table:
     rows: list[list[str]]
     notes: list[str] = field(default_factory=list)
 
+    @classmethod
+    def of(cls, title: str, frame: pd.DataFrame, notes=()) -> Table:
+        return cls(title, [str(c) for c in frame.columns], frame.values.tolist(), list(notes))
 
-# --- formatting -----------------------------------------------------------------------------------
+
+def shared_note(platform: str) -> str:
+    device = "GPU" if platform == "gpu" else "device"
+    return f"stages share one {device}: measures per-micro-batch overhead, not overlap"
 
 
 def decimals(x: float) -> int:
@@ -44,11 +59,9 @@ def decimals(x: float) -> int:
 
 def fmt_stats(stats: dict, star: bool = False) -> str:
     """`12.3 ± 0.4 s* (n=3)`: median, sample std, repeats; `*` marks an extrapolated figure."""
-    median = float(stats["median"])
+    median, std = float(stats["median"]), float(stats.get("std") or 0.0)
     d = decimals(median)
-    std = float(stats.get("std") or 0.0)
-    n = stats.get("n", "?")
-    return f"{median:.{d}f} ± {std:.{d}f} s{STAR if star else ''} (n={n})"
+    return f"{median:.{d}f} ± {std:.{d}f} s{STAR if star else ''} (n={stats.get('n', '?')})"
 
 
 def fmt_diverged(e: Entry) -> str:
@@ -67,17 +80,10 @@ def acc_of(e: Entry | None) -> float | None:
     return None if e is None or e.diverged else e.rec.test_acc
 
 
-DIVERGED_NOTE = (
-    "diverged at epoch N: the training loss went non-finite in epoch N and the run stopped; "
-    "its figures are not shown (rerun it with a lower --lr)."
-)
-
-
 def fmt_rate(x: float | None, star: bool = False) -> str:
     if x is None:
         return DASH
-    text = f"{x:,.0f}" if x >= 100 else f"{x:.{decimals(x)}f}"
-    return text + (STAR if star else "")
+    return (f"{x:,.0f}" if x >= 100 else f"{x:.{decimals(x)}f}") + (STAR if star else "")
 
 
 def fmt_acc(x: float | None) -> str:
@@ -94,26 +100,24 @@ def fmt_efficiency(x: float | None, star: bool = False) -> str:
 
 def scaling(t1: float, tn: float, n: int) -> tuple[float, float]:
     """(speedup, efficiency) of n devices against 1: t1 / tn, and that divided by n."""
-    speedup = t1 / tn
-    return speedup, speedup / n
+    return t1 / tn, t1 / tn / n
 
 
 def env_cell(entries, envs: dict[str, str]) -> str:
-    labels = sorted({envs[environment_text(e.rec)] for e in entries}, key=lambda s: int(s[1:]))
-    return ", ".join(labels)
-
-
-# --- lenet and resnet18 ---------------------------------------------------------------------------
+    labels = {envs[environment_text(e.rec)] for e in entries}
+    return ", ".join(sorted(labels, key=lambda s: int(s[1:])))
 
 
 @dataclass
 class DpRow:
+    """One framework, label and cores per device; its records by device count."""
+
     framework: str
-    label: str  # strategy (+ precision)
+    label: str  # strategy (+ precision, + compiled)
     platform: str
     virtual: bool
     preset: str
-    cells: dict[int, Entry]  # devices -> record
+    cells: dict[int, Entry]
     cores: int | None = None  # CPU cores each device had to itself; None: shared cores
 
     @property
@@ -123,8 +127,8 @@ class DpRow:
 
     def unlike(self, n: int) -> str | None:
         """Why the n-device time is no speedup over this row's 1-device time: OVERHEADS (the
-        devices shared the process's cores) or SEQUENTIAL (one process stepped its devices one
-        after another on CPU cores); None when they are like runs."""
+        devices shared the process's cores) or SEQUENTIAL (one process stepped its CPU devices
+        one after another); None when they are like runs."""
         if not self.dedicated:
             return OVERHEADS
         e = self.cells.get(n)
@@ -133,8 +137,7 @@ class DpRow:
         return None
 
     def speedup(self, n: int) -> tuple[float, float] | None:
-        """(speedup, efficiency) at n devices against this row's 1-device run, if both ran and
-        are like runs (`unlike`)."""
+        """(speedup, efficiency) at n devices against 1, if both ran, alike and timed."""
         if 1 not in self.cells or n not in self.cells or self.unlike(n):
             return None
         if self.cells[1].diverged or self.cells[n].diverged:
@@ -142,31 +145,26 @@ class DpRow:
         return scaling(self.cells[1].median, self.cells[n].median, n)
 
     def scaling_cell(self, n: int, efficiency: bool = False) -> str:
-        """The speedup (or efficiency) cell at n devices: a figure, the label saying why there is
+        """The speedup (or efficiency) at n devices: a figure, the label saying why there is
         none (`unlike`), or a dash where a run is missing or diverged."""
         ran = 1 in self.cells and n in self.cells
-        timed = ran and not (self.cells[1].diverged or self.cells[n].diverged)
-        if timed and self.unlike(n):
+        if ran and not (self.cells[1].diverged or self.cells[n].diverged) and self.unlike(n):
             return self.unlike(n)
-        s = self.speedup(n)
-        star = self.extrapolated(1, n)
+        s, star = self.speedup(n), self.extrapolated(1, n)
         return fmt_efficiency(s and s[1], star) if efficiency else fmt_speedup(s and s[0], star)
 
     def extrapolated(self, *counts: int) -> bool:
         return any(self.cells[n].rec.extrapolated for n in counts if n in self.cells)
 
-
-OVERHEADS, SEQUENTIAL = "overheads only", record_checks.SEQUENTIAL
-UNLIKE_NOTES = {
-    OVERHEADS: f"{OVERHEADS}: the devices shared the process's CPU cores, so the n-device time "
-    "shows the scheme's overheads, not a speedup.",
-    SEQUENTIAL: f"{SEQUENTIAL}: one process stepped its devices one after another on their own "
-    "cores, so the n-device time cannot be a speedup.",
-}
-CORES_NOTE = (
-    "cores/device: the CPU cores each device had to itself; shared: every device ran on all of "
-    "the process's cores; GPU: a GPU of its own."
-)
+    def measures(self, n: int) -> dict[str, str]:
+        """The row's cells at n devices by measure (dashes where it did not run)."""
+        e = self.cells.get(n)
+        rate = None if e is None or e.diverged else e.rec.images_per_sec
+        cells = {"test acc": fmt_acc(acc_of(e)), "sec/epoch": time_cell(e)}
+        cells["images/s"] = fmt_rate(rate, e is not None and e.rec.extrapolated)
+        if n > 1:
+            cells |= {"speedup": self.scaling_cell(n), "efficiency": self.scaling_cell(n, True)}
+        return cells
 
 
 def cores_text(row: DpRow) -> str:
@@ -189,14 +187,10 @@ def dp_rows(entries: list[Entry]) -> list[DpRow]:
     for e in entries:
         r = e.rec
         key = (r.framework, e.label, e.cores_per_device)
-        row = rows.setdefault(
-            key, DpRow(r.framework, e.label, r.platform, r.virtual, r.preset, {}, key[2])
-        )
+        row = rows.setdefault(key, DpRow(*key[:2], r.platform, r.virtual, r.preset, {}, key[2]))
         row.cells[r.devices] = e  # one group and the newest per cell: one record per count
-    if not entries:
-        return []
-    order = sort_key(entries[0].rec.workload)
-    return [rows[k] for k in sorted(rows, key=lambda k: (*order(k), k[2] or 0))]
+    workload = entries[0].rec.workload if entries else None
+    return [rows[k] for k in sorted(rows, key=lambda k: (*rank(workload, *k[:2]), k[2] or 0))]
 
 
 def device_counts(rows: list[DpRow]) -> list[int]:
@@ -204,27 +198,21 @@ def device_counts(rows: list[DpRow]) -> list[int]:
 
 
 def dp_table(title: str, rows: list[DpRow], envs: dict[str, str]) -> Table:
+    """The report's table: every measure at every device count, side by side."""
     counts = device_counts(rows)
-    headers = ["framework", "strategy", "cores/device", "platform", "preset"]
-    for n in counts:
-        headers += [f"test acc ({n} dev)", f"sec/epoch ({n} dev)", f"images/s ({n} dev)"]
-        if n > 1:
-            headers += [f"speedup ({n} dev)", f"efficiency ({n} dev)"]
-    headers.append("env")
-    body = []
-    for row in rows:
-        cells = [row.framework, row.label, cores_text(row)]
-        cells += [platform_text(row.platform, row.virtual), row.preset]
-        for n in counts:
-            e = row.cells.get(n)
-            rate = None if e is None or e.diverged else e.rec.images_per_sec
-            star = e is not None and e.rec.extrapolated
-            cells += [fmt_acc(acc_of(e)), time_cell(e), fmt_rate(rate, star)]
-            if n > 1:
-                cells += [row.scaling_cell(n), row.scaling_cell(n, efficiency=True)]
-        cells.append(env_cell(row.cells.values(), envs))
-        body.append(cells)
-    return Table(title, headers, body, dp_notes(rows))
+    wide = pd.DataFrame(
+        {
+            "framework": row.framework,
+            "strategy": row.label,
+            "cores/device": cores_text(row),
+            "platform": platform_text(row.platform, row.virtual),
+            "preset": row.preset,
+            **{f"{k} ({n} dev)": v for n in counts for k, v in row.measures(n).items()},
+            "env": env_cell(row.cells.values(), envs),
+        }
+        for row in rows
+    )
+    return Table.of(title, wide, dp_notes(rows))
 
 
 def dp_notes(rows: list[DpRow]) -> list[str]:
@@ -248,126 +236,41 @@ def dp_notes(rows: list[DpRow]) -> list[str]:
     return notes
 
 
-# --- resnet50 -------------------------------------------------------------------------------------
+def dp_terminal(rows: list[DpRow]) -> Table:
+    """The terminal's view of the same figures: one line per row and device count."""
+    lines = []
+    for row in rows:
+        for n in sorted(row.cells):
+            cells = {"framework": row.framework, "strategy": row.label}
+            cells |= {"cores/device": cores_text(row), "devices": str(n), **row.measures(n)}
+            lines.append(cells | {k: cells.get(k, DASH) for k in ("speedup", "efficiency")})
+    return Table.of("terminal", pd.DataFrame(lines))
 
 
-@dataclass
-class R50Row:
-    framework: str
-    platform: str
-    virtual: bool
-    preset: str
-    runs: dict[str, Entry]  # strategy -> record (not the sweep)
-    sweep: dict[int, Entry]  # split size -> record
-
-    def best(self) -> Entry | None:
-        """The fastest point of the sweep."""
-        if not self.sweep:
-            return None
-        return min(self.sweep.values(), key=lambda e: (e.median, e.rec.split_size))
-
-    def entries(self) -> list[Entry]:
-        return list(self.runs.values()) + list(self.sweep.values())
-
-    def versus_single(self, e: Entry | None) -> float | None:
-        single = self.runs.get("single")
-        if e is None or single is None or e.diverged or single.diverged:
-            return None
-        return single.median / e.median
-
-
-def r50_rows(entries: list[Entry]) -> tuple[list[R50Row], list[LeftOut]]:
-    """One row per framework (and precision); where several records would fill one cell
-    (other device counts or split sizes), the newest is shown and the others left out."""
-    left: list[LeftOut] = []
-    rows: dict[str, R50Row] = {}
-    newest_first = sorted(entries, key=lambda e: (e.time, e.order), reverse=True)
-    sweep_devices: dict[str, int] = {}
-    for e in newest_first:
-        r = e.rec
-        amp = e.label[len(r.strategy) :]
-        key = r.framework + amp
-        row = rows.setdefault(key, R50Row(key, r.platform, r.virtual, r.preset, {}, {}))
-        if e.sweep and e.diverged:  # a sweep point without a time: nothing to fit or plot
-            left.append(LeftOut(e, fmt_diverged(e)))
-        elif e.sweep:
-            n = sweep_devices.setdefault(key, r.devices)
-            if n != r.devices:
-                left.append(LeftOut(e, f"the table shows the newer sweep on {n} device(s)"))
-            else:
-                row.sweep[r.split_size] = e
-        elif r.strategy in row.runs:
-            shown = row.runs[r.strategy]
-            left.append(
-                LeftOut(
-                    e,
-                    f"the table shows the newer {r.strategy} record "
-                    f"({shown.rec.devices} device(s), split {shown.rec.split_size})",
-                )
-            )
-        else:
-            row.runs[r.strategy] = e
-    order = sort_key("resnet50")
-    return [rows[k] for k in sorted(rows, key=lambda k: order((k.split("+")[0], k)))], left
-
-
-def r50_table(title: str, rows: list[R50Row], envs: dict[str, str]) -> Table:
-    headers = [
-        "framework",
-        "platform",
-        "preset",
-        "devices",
-        "single",
-        "model_parallel",
-        "pipeline",
-        "pipeline, best split",
-        "best split size",
-        "gpipe",
-        "1f1b",
-        "model_parallel vs single",
-        "best split vs single",
-        "env",
-    ]
+def extras_table(title: str, rows: list[DpRow]) -> Table | None:
+    """Peak memory and utilisation (per device or process), where the runs recorded them."""
     body = []
     for row in rows:
-        devices = sorted({e.rec.devices for e in row.entries() if e.rec.strategy != "single"})
-        cells = [
-            row.framework,
-            platform_text(row.platform, row.virtual),
-            row.preset,
-            ", ".join(map(str, devices)) or DASH,
-        ]
-        for name in ("single", "model_parallel", "pipeline"):
-            cells.append(r50_cell(row.runs.get(name)))
-        best = row.best()
-        cells.append(r50_cell(best, split=False))
-        cells.append(DASH if best is None else str(best.rec.split_size))
-        for name in ("gpipe", "1f1b"):
-            cells.append(r50_cell(row.runs.get(name)))
-        mp = row.runs.get("model_parallel")
-        cells.append(fmt_speedup(row.versus_single(mp)))
-        cells.append(fmt_speedup(row.versus_single(best)))
-        cells.append(env_cell(row.entries(), envs))
-        body.append(cells)
-    notes = [
-        "seconds: one timed repeat of the preset's num_batches training steps, median ± sample "
-        "standard deviation over n repeats; `vs single` = single seconds / that column's seconds.",
-        "pipeline, best split: the fastest point of the split_size sweep.",
-    ]
-    if any(e.rec.extrapolated for row in rows for e in row.entries()):
-        notes.append(f"{STAR} extrapolated: projected from fewer steps than measured.")
-    shared = [e for row in rows for e in row.entries() if e.shares_device]
-    if shared:
-        notes.append(f"{SHARED} {shared_note(shared[0].rec.platform)}.")
-    if any(e.diverged for row in rows for e in row.entries()):
-        notes.append(DIVERGED_NOTE)
-    return Table(title, headers, body, notes)
+        for n, e in sorted(row.cells.items()):
+            mem, util = e.extra.get("peak_memory_bytes"), e.extra.get("utilization")
+            if mem is None and util is None:
+                continue
+            source = e.extra.get("utilization_source") or DASH
+            if e.extra.get("memory_source"):
+                source += f"; memory: {e.extra['memory_source']}"
+            cells = [row.framework, row.label, cores_text(row), str(n), fmt_each(mem, 2**20)]
+            body.append([*cells, fmt_each(util), source])
+    if not body:
+        return None
+    headers = ["framework", "strategy", "cores/device", "devices"]
+    headers += ["peak memory (MiB)", "utilization (%)", "source"]
+    return Table(title, headers, body, ["Several values: one per device or process."])
 
 
-def r50_cell(e: Entry | None, split: bool = True) -> str:
-    if e is None or e.diverged:
-        return time_cell(e)
-    text = fmt_stats(e.stats, e.rec.extrapolated)
-    if split and e.rec.split_size is not None:
-        text += f", split {e.rec.split_size}"
-    return text + (f" {SHARED}" if e.shares_device else "")
+def fmt_each(x, unit: float = 1) -> str:
+    """A number (in `unit`s), or one per device or process: `700 / 710`."""
+    if isinstance(x, int | float) and not isinstance(x, bool):
+        return f"{x / unit:,.0f}"
+    if isinstance(x, list):
+        return " / ".join(fmt_each(v, unit) for v in x)
+    return DASH if x is None else str(x)

@@ -10,6 +10,7 @@ import struct
 import zlib
 
 import pytest
+from PIL import Image, PngImagePlugin
 
 from compare import figure, readme
 from tests.compare import fixture_records
@@ -218,15 +219,13 @@ def chunk(kind: bytes, body: bytes) -> bytes:
 
 def test_png_text_reads_every_kind_of_text_chunk(tmp_path):
     path = tmp_path / "a.png"
-    path.write_bytes(
-        b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", bytes(13))
-        + chunk(b"tEXt", b"plain\0latin \xb1")
-        + chunk(b"zTXt", b"packed\0\0" + zlib.compress(b"zipped"))
-        + chunk(b"iTXt", b"intl\0\0\0en\0\0" + "\u00b1 utf-8".encode())
-        + chunk(b"iTXt", b"intlz\0\1\0\0\0" + zlib.compress(b"both"))
-        + chunk(b"IEND", b"")
-    )
+    info = PngImagePlugin.PngInfo()
+    info.add_text("plain", "latin \u00b1")  # tEXt
+    info.add_text("packed", "zipped", zip=True)  # zTXt
+    info.add_itxt("intl", "\u00b1 utf-8", lang="en")  # iTXt
+    info.add_itxt("intlz", "both", zip=True)  # iTXt, compressed
+    Image.new("RGB", (2, 2)).save(path, pnginfo=info)
+    assert all(kind in path.read_bytes() for kind in (b"tEXt", b"zTXt", b"iTXt"))
     assert figure.png_text(path) == {
         "plain": "latin \u00b1",
         "packed": "zipped",
@@ -235,6 +234,8 @@ def test_png_text_reads_every_kind_of_text_chunk(tmp_path):
     }
     path.write_bytes(b"not a png")
     assert figure.png_text(path) == {}
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"tEXt", figure.KEY.encode() + b"\0{}"))
+    assert figure.png_text(path) == {}  # no image header: no PNG, whatever its chunks say
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import pytest
 
 from common import results
 from common.results import Record
-from compare import readme, records, report, tables, throughput
+from compare import readme, records, report, summary, tables
 from tests.compare import fixture_records
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -122,13 +122,13 @@ def test_compiled_torch_is_a_row_of_its_own_beside_eager(built):
     assert compiled["images/s (1 dev)"] == "240"  # 60000 / 250
     assert eager["sec/epoch (1 dev)"] == "300 ± 0 s* (n=1)"
     assert compiled["sec/epoch (2 dev)"] == "–"  # no 2-device compiled run
-    assert md.count(throughput.COMPILED_NOTE) == 1  # said once, at the top
+    assert md.count(summary.COMPILED_NOTE) == 1  # said once, at the top
     assert "JAX always compiles (jit; lenet's per-device step)" in md
     assert "MXNet's resnet18 and resnet50 are hybridized" in md
     assert "MXNet's lenet runs NDArray operations eagerly" in md
-    summary = table_rows(md, "## Summary", keys=3)
-    assert summary[("resnet18", "torch", "ddp+compiled")][CPU] == "250 s (1 dev)"
-    assert summary[("resnet18", "torch", "ddp+compiled")][GPU] == "1.60 s (1 dev)"
+    best = table_rows(md, "## Summary", keys=3)
+    assert best[("resnet18", "torch", "ddp+compiled")][CPU] == "250 s (1 dev)"
+    assert best[("resnet18", "torch", "ddp+compiled")][GPU] == "1.60 s (1 dev)"
     assert "ddp+compiled" in out  # and in the terminal's table
 
 
@@ -370,6 +370,25 @@ def test_newest_record_of_a_cell_wins(tmp_path):
     kept, older = records.newest(entries)
     assert [e.rec for e in kept] == [new]
     assert older[0].entry.rec is old and new.timestamp in older[0].reason
+
+
+def test_records_are_numbered_in_the_order_of_the_files_read(tmp_path):
+    """An entry's order is its position over every file read, the first file's first: the
+    tie-breaker between equal timestamps and the order of the environments (E1, ...)."""
+    paths = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
+    for path, framework in zip(paths, ("jax", "torch"), strict=True):
+        for devices in (1, 2):
+            rec = fixture_records.lenet(framework, devices, 5.0, 0.1, 0.8, 1.0)
+            results.append(rec, path)
+    entries = records.read(paths, [])
+    assert [(e.order, e.rec.framework) for e in entries] == [
+        (0, "jax"),
+        (1, "jax"),
+        (2, "torch"),
+        (3, "torch"),
+    ]
+    assert list(records.environments(entries).values()) == ["E1", "E2"]
+    assert next(iter(records.environments(entries))).split("; ")[2].startswith("jax ")
 
 
 def test_one_cpu_name_with_two_isas_is_two_machines(tmp_path):

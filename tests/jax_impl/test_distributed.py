@@ -15,7 +15,7 @@ from pathlib import Path
 import jax
 import pytest
 
-from common import config, devices, signals
+from common import config, devices, processes, signals
 from jax_impl import launch
 from tests.fixtures import interrupt, sockets, stopping
 
@@ -188,7 +188,9 @@ def test_two_processes_listen_on_loopback_and_stop_on_sigterm(tmp_path):
     SIGTERM to each ends it as Ctrl-C does, and nothing is recorded."""
     procs = _two_processes(tmp_path / "r.jsonl")
     try:
-        addresses = sockets.listening([p.pid for p in procs])
+        # Each process of several runs under guard.run_wrapped: its sockets are its child's.
+        pids = [pid for p in procs for pid in (p.pid, *processes.descendants(p.pid))]
+        addresses = sockets.listening(pids)
         assert addresses and not sockets.not_loopback(addresses), addresses
     finally:
         for p in procs:
@@ -204,12 +206,12 @@ def test_a_process_stopped_inside_a_collective_leaves_the_group_cleanly(tmp_path
     (jax_impl/launch.join), so process 0, stopped a moment later, passes the barrier too
     instead of waiting there for a peer gone without a word and aborting."""
     procs = _two_processes(tmp_path / "r.jsonl")
-    procs[0].send_signal(signal.SIGSTOP)
+    os.killpg(procs[0].pid, signal.SIGSTOP)  # the node's whole group: guard's wrapper and child
     time.sleep(2)  # process 1 is in the next step's collective, waiting for process 0
     procs[1].send_signal(signal.SIGTERM)
     time.sleep(signals.GRACE + 2)  # its watchdog has taken the signal
     procs[0].send_signal(signal.SIGTERM)
-    procs[0].send_signal(signal.SIGCONT)
+    os.killpg(procs[0].pid, signal.SIGCONT)
     _stopped_as_by_ctrl_c(procs, tmp_path / "r.jsonl")
 
 

@@ -1,0 +1,240 @@
+"""Whether a record read from a results file can be shown: every field the report reads is
+checked here, so a hand-edited or foreign record is left out with its reason instead of ending
+the report in a traceback."""
+
+from __future__ import annotations
+
+import math
+
+from common import cores, results
+
+WORKLOADS = ("lenet", "resnet18", "resnet50")
+# extra[SHARED_DEVICE] = true: a resnet50 record whose stages all ran on one device (a 1-GPU
+# machine): it measures the per-micro-batch overhead, not overlap
+SHARED_DEVICE = "stages_share_device"
+# The strategy of a ceiling record (python -m <fw>_impl.ceiling, common/ceiling.py): not a
+# training run, so it is kept out of the training tables and shown against them.
+CEILING = "ceiling"
+# extra.execution: how a run's devices ran (common/cores.py). `sequential` (one process stepping
+# its CPU devices one after another) can be no speedup, however many cores each device had.
+EXECUTIONS, SEQUENTIAL = cores.EXECUTIONS, "sequential"
+MAX_DEVICES = 1 << 16  # far past any machine's devices: a larger count is junk, not a run
+MAX_COUNT = 1 << 31  # likewise for batch sizes, epochs, steps, split sizes and repeats
+GPUS = "hardware.gpus must be a list of GPUs, each with a name"
+
+
+def problem(rec) -> str | None:
+    """Why a well-formed record still cannot be shown, or None: the first problem found."""
+    return next((why for why in _problems(rec) if why), None)
+
+
+# Each check below runs only once every check before it has passed (`problem` stops at the first
+# reason), so a check may rely on what the earlier ones established.
+def _problems(rec):
+    if not whole(rec.schema) or rec.schema != results.SCHEMA_VERSION:
+        yield (
+            f"schema {shown(rec.schema)} is not one this report reads "
+            f"(schema {results.SCHEMA_VERSION}); read it with the code that wrote it"
+        )
+    yield from _run(rec)
+    if rec.diverged_at_epoch is None:  # a diverged run is shown as diverged, not its figures
+        name = "seconds" if rec.workload == "resnet50" else "sec_per_epoch"
+        yield from _stats(name, getattr(rec, name))
+        yield from _measured(rec)
+    extra = rec.extra
+    if not isinstance(extra, dict):
+        yield "extra is not an object"
+    yield from _extra(rec, extra)
+    yield from _cores(extra)
+    if extra.get("nodes") is not None:
+        yield from _cluster(rec, extra)
+    yield from _origin(rec)
+
+
+def _run(rec):
+    """What a record says ran: workload, strategy, devices, sizes."""
+    if rec.workload not in WORKLOADS:
+        yield f"unknown workload {shown(rec.workload)}"
+    if not (text(rec.strategy) and text(rec.preset)):
+        yield "strategy and preset must be strings"
+    if rec.platform not in ("cpu", "gpu"):
+        yield f"unknown platform {shown(rec.platform)}"
+    for name in ("virtual", "extrapolated"):
+        if not isinstance(getattr(rec, name), bool):
+            yield f"{name} must be true or false, got {shown(getattr(rec, name))}"
+    diverged = rec.diverged_at_epoch
+    if diverged is not None and count("", diverged):
+        yield f"diverged_at_epoch must be a whole number >= 1 or null, got {shown(diverged)}"
+    yield count("devices", rec.devices, MAX_DEVICES)
+    yield count("batch_size", rec.batch_size)
+    for name in ("epochs", "steps_timed", "split_size"):
+        yield optional_count(name, getattr(rec, name))
+    if rec.strategy == CEILING and (rec.devices != 1 or rec.workload == "resnet50"):
+        yield "a ceiling record is of lenet or resnet18 on 1 device"
+
+
+def _stats(name: str, stats):
+    """Timing statistics: {"median", "std", "n", ...}."""
+    if not isinstance(stats, dict):
+        yield f"no {name} statistics"
+    if not positive(stats.get("median")):
+        yield f"{name} has no positive median (got {shown(stats.get('median'))})"
+    std = stats.get("std")
+    if std is not None and not nonnegative(std):
+        yield f"{name} std must be a number >= 0, got {shown(std)}"
+    if "n" in stats:
+        yield count(f"{name} n", stats["n"])
+
+
+def _measured(rec):
+    if rec.test_acc is not None and not fraction(rec.test_acc):
+        yield f"test_acc must be a number from 0 to 1, got {shown(rec.test_acc)}"
+    rate = rec.images_per_sec
+    if rate is not None and not nonnegative(rate):
+        yield f"images_per_sec must be a number >= 0, got {shown(rate)}"
+    accs = rec.test_acc_per_epoch
+    if not isinstance(accs, list) or not all(fraction(a) for a in accs):
+        yield "test_acc_per_epoch is not a list of numbers from 0 to 1"
+
+
+EXTRA_TYPES = (
+    ("amp", "a string"),
+    ("compiled", "true or false"),
+    ("sweep", "true or false"),
+    (SHARED_DEVICE, "true or false"),
+    ("utilization_source", "a string"),
+    ("memory_source", "a string"),
+)
+
+
+def _extra(rec, extra: dict):
+    """The `extra` fields the report reads: precision, tier, sweep, sizes, sources, and the
+    ceiling measured in the run."""
+    for name, wanted in EXTRA_TYPES:
+        ok = text if wanted == "a string" else flag
+        if extra.get(name) is not None and not ok(extra[name]):
+            yield f"extra.{name} must be {wanted}, got {shown(extra[name])}"
+    for name in ("num_batches", "image_size", "repeats"):
+        yield optional_count(f"extra.{name}", extra.get(name))
+    if extra.get("sweep") and rec.split_size is None:
+        yield "a sweep's record (extra.sweep) needs its split_size"
+    c = extra.get("ceiling")
+    if c is None or (isinstance(c, dict) and c.get("sec_per_epoch") is None):
+        return  # no ceiling measured in the run (one without times is not shown)
+    if not isinstance(c, dict):
+        yield "extra.ceiling is not an object"
+    yield from _stats("extra.ceiling.sec_per_epoch", c["sec_per_epoch"])
+    yield optional_count("extra.ceiling.steps_timed", c.get("steps_timed"))
+
+
+def _cores(extra: dict):
+    """What a record says of its CPU cores: cores_per_device, cores_used, execution."""
+    yield optional_count("extra.cores_per_device", extra.get("cores_per_device"), MAX_DEVICES)
+    used = extra.get("cores_used")
+    if used is not None and not (isinstance(used, list) and all(whole(c) and c >= 0 for c in used)):
+        yield f"extra.cores_used must be a list of CPU numbers (>= 0), got {shown(used)}"
+    execution = extra.get("execution")
+    if execution is not None and execution not in EXECUTIONS:
+        yield f"extra.execution must be one of {', '.join(EXECUTIONS)}, got {shown(execution)}"
+
+
+def _cluster(rec, extra: dict):
+    """A run of the cluster in one box: nodes, link, link_bytes, gradient_bytes, engine."""
+    nodes, link, counts = extra["nodes"], extra.get("link"), extra.get("link_bytes")
+    yield count("extra.nodes", nodes, MAX_DEVICES)
+    if whole(rec.devices) and nodes > rec.devices:
+        yield f"extra.nodes ({nodes}) is more than the run's {rec.devices} device(s)"
+    if link is None and nodes != 1:  # a run on one node needs no link
+        yield f"a run on {nodes} nodes needs extra.link"
+    if link is not None and not isinstance(link, dict):
+        yield "extra.link is not an object"
+    if link is not None and not text(link.get("name")):
+        yield f"extra.link.name must be a string, got {shown(link.get('name'))}"
+    for name in ("rate_bps", "measured_bps"):
+        if (value := (link or {}).get(name)) is not None and not positive(value):
+            yield f"extra.link.{name} must be a number > 0 or null, got {shown(value)}"
+    if (latency := (link or {}).get("latency_s")) is not None and not nonnegative(latency):
+        yield f"extra.link.latency_s must be a number >= 0 or null, got {shown(latency)}"
+    if counts is not None and not isinstance(counts, dict):
+        yield "extra.link_bytes is not an object"
+    for name in ("tx", "rx") if counts is not None else ():
+        if not (whole(value := counts.get(name)) and value >= 0):
+            yield f"extra.link_bytes.{name} must be a whole number >= 0, got {shown(value)}"
+    if counts is not None:
+        yield count("extra.link_bytes.steps", counts.get("steps"))
+    grad = extra.get("gradient_bytes")
+    if grad is not None and not (whole(grad) and grad >= 1):
+        yield f"extra.gradient_bytes must be a whole number >= 1, got {shown(grad)}"
+    if extra.get("engine") is not None and not text(extra["engine"]):
+        yield f"extra.engine must be a string, got {shown(extra['engine'])}"
+
+
+def _origin(rec):
+    """Where a record was made: versions, hardware, commit, time."""
+    versions, hw = rec.versions, rec.hardware
+    if not isinstance(versions, dict) or not all(text(v) for v in versions.values()):
+        yield "versions must be an object of strings"
+    if not isinstance(hw, dict):
+        yield "hardware is not an object"
+    for name in ("cpu", "cpu_isa"):
+        if hw.get(name) is not None and not text(hw[name]):
+            yield f"hardware.{name} must be a string, got {shown(hw[name])}"
+    yield optional_count("hardware.cpu_count", hw.get("cpu_count"))
+    if hw.get("isa_caps") is not None and not isinstance(hw["isa_caps"], dict):
+        yield "hardware.isa_caps is not an object"
+    gpus = hw.get("gpus")
+    if gpus is not None and not isinstance(gpus, list):
+        yield GPUS
+    if not all(text(g.get("name") if isinstance(g, dict) else g) for g in gpus or []):
+        yield GPUS
+    if rec.git_commit is not None and not text(rec.git_commit):
+        yield f"git_commit must be a string, got {shown(rec.git_commit)}"
+    if not isinstance(rec.timestamp, str):
+        yield f"timestamp must be a string, got {shown(rec.timestamp)}"
+    if rec.flops is not None and not isinstance(rec.flops, dict):
+        yield "flops is not an object"
+
+
+def count(name: str, x, high: int = MAX_COUNT) -> str | None:
+    """Why `x` is not a whole number from 1 to `high`, or None."""
+    if whole(x) and 1 <= x <= high:
+        return None
+    return f"{name} must be a whole number >= 1 (at most {high}), got {shown(x)}"
+
+
+def optional_count(name: str, x, high: int = MAX_COUNT) -> str | None:
+    return None if x is None else count(name, x, high)
+
+
+def shown(x) -> str:
+    """`x` as a reason shows it: its repr, cut short."""
+    text = repr(x)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def text(x) -> bool:
+    return isinstance(x, str) and x != ""
+
+
+def flag(x) -> bool:
+    return isinstance(x, bool)
+
+
+def whole(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def number(x) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def positive(x) -> bool:
+    return number(x) and x > 0
+
+
+def nonnegative(x) -> bool:
+    return number(x) and x >= 0
+
+
+def fraction(x) -> bool:
+    return number(x) and 0 <= x <= 1
