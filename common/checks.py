@@ -49,6 +49,26 @@ def check_amp(framework: str, args: argparse.Namespace, platform: str) -> None:
         )
 
 
+def check_sync_bn(framework: str, args: argparse.Namespace, platform: str) -> None:
+    """--sync-bn where the engine synchronises BatchNorm across the devices of a data-parallel
+    run (torch SyncBatchNorm, JAX's axis_name), else one line."""
+    if not getattr(args, "sync_bn", False):
+        return
+    if args.workload != "resnet18":
+        raise config.ConfigError("--sync-bn is for resnet18 (the data-parallel BatchNorm); drop it")
+    if framework == "mxnet":
+        raise config.ConfigError(
+            "MXNet has no BatchNorm synchronised across dist workers (gluon.contrib's "
+            "SyncBatchNorm spans one process's GPUs): drop --sync-bn"
+        )
+    if framework == "torch" and args.strategy == "dataparallel":
+        raise config.ConfigError("torch's SyncBatchNorm runs under DDP only: use --strategy ddp")
+    if framework == "torch" and platform != "gpu":
+        raise config.ConfigError(
+            "torch's SyncBatchNorm runs on CUDA devices only: on the CPU drop --sync-bn"
+        )
+
+
 def check_ceiling(args: argparse.Namespace, n_devices: int) -> None:
     """--ceiling times the framework's ceiling (common/ceiling.py) inside the run: one device."""
     if not getattr(args, "ceiling", False):

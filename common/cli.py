@@ -102,6 +102,12 @@ def parser(framework: str) -> argparse.ArgumentParser:
     p.add_argument("--sweep", action="store_true", help="resnet50: sweep the preset's split sizes")
     p.add_argument("--amp", choices=("off", "bf16"), default="off", help="mixed precision")
     p.add_argument(
+        "--sync-bn",
+        action="store_true",
+        help="resnet18: BatchNorm over the whole batch of all devices, not each device's share "
+        "(the default, as DDP and Gluon); JAX, and torch DDP on CUDA",
+    )
+    p.add_argument(
         "--compile",
         action="store_true",
         help="torch lenet, resnet18 and resnet50 single: torch.compile the model (in the warm-up)",
@@ -227,6 +233,7 @@ def start(framework, argv=None, before_import=None, load=None) -> None:
     cfg = config_of(args)
     checks.check_compile(framework, args, plan.count)
     checks.check_amp(framework, args, plan.platform)
+    checks.check_sync_bn(framework, args, plan.platform)
     checks.check_ceiling(args, plan.count)
     checks.check_nodes(framework, args)
     processes.check_environment(framework, args.workload, args.strategy)

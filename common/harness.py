@@ -332,6 +332,8 @@ def make_record(hooks: Hooks, args, plan, cfg, device_names, **fields) -> result
         extra["ceiling"] = fields.pop("ceiling")
     if args.workload in ("lenet", "resnet18"):  # which copy of Fashion-MNIST the run read
         extra["data_dir"] = str(data.find_dir())
+    if args.workload == "resnet18":  # each device's share, or the whole batch (--sync-bn)
+        extra["batch_norm"] = "sync" if getattr(args, "sync_bn", False) else "per-device"
     if hooks.framework == "torch":  # eager, or compiled (--compile): JAX and MXNet always compile
         extra["compiled"] = getattr(args, "compile", False)
     if getattr(args, "profile", None):  # a traced run: its save prints it and keeps no record

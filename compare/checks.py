@@ -97,6 +97,7 @@ def _measured(rec):
         yield "test_acc_per_epoch is not a list of numbers from 0 to 1"
 
 
+BATCH_NORMS = ("per-device", "sync")  # resnet18's BatchNorm statistics: a device's share, or all
 EXTRA_TYPES = (
     ("amp", "a string"),
     ("compiled", "true or false"),
@@ -116,6 +117,8 @@ def _extra(rec, extra: dict):
             yield f"extra.{name} must be {wanted}, got {shown(extra[name])}"
     for name in ("num_batches", "image_size", "repeats"):
         yield optional_count(f"extra.{name}", extra.get(name))
+    if extra.get("batch_norm") not in (None, *BATCH_NORMS):
+        yield f"extra.batch_norm must be per-device or sync, got {shown(extra['batch_norm'])}"
     if extra.get("sweep") and rec.split_size is None:
         yield "a sweep's record (extra.sweep) needs its split_size"
     c = extra.get("ceiling")

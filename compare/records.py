@@ -26,6 +26,15 @@ STRATEGY_ORDER = {
 NO_TRAINING = "a ceiling with no training record of its machine group to compare it with"
 
 
+def batch_norm(rec: Record) -> str | None:
+    """A resnet18 record's BatchNorm: "per-device" or "sync" (--sync-bn). Records from before the
+    field: JAX's normalised the whole batch (sync), torch's and MXNet's each device's share."""
+    if rec.workload != "resnet18":
+        return None
+    extra = rec.extra if isinstance(rec.extra, dict) else {}
+    return extra.get("batch_norm", "sync" if rec.framework == "jax" else "per-device")
+
+
 class Entry:
     """One record, its results file, and its position among the records read (the tie-breaker
     between equal timestamps), with what the report reads of it worked out once. Every field
@@ -40,7 +49,10 @@ class Entry:
         self.tier = (f"+{amp}" if amp and amp != "off" else "") + (
             "+compiled" if extra.get("compiled") is True else ""
         )
-        self.label = str(rec.strategy) + self.tier  # str(): a number is named when left out
+        # BatchNorm over the whole batch of several devices (--sync-bn) computes something else
+        # than each device's share: a row of its own. On one device the two are the same.
+        self.sync_bn = batch_norm(rec) == "sync" and rec.devices != 1
+        self.label = str(rec.strategy) + self.tier + ("+sync-bn" if self.sync_bn else "")
         self.cores_per_device = extra.get("cores_per_device")  # None: the devices shared cores
         self.execution = extra.get("execution")
         self.nodes = extra.get("nodes")  # None: no cluster run

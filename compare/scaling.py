@@ -9,15 +9,16 @@ that batch's share. extra.link_bytes counts the same timed epochs, so its bytes 
 ((tx + rx) / 2 / steps, one direction's mean) are of the same steps. A record's batch_size and
 devices are the whole cluster's, all nodes together.
 
-A run's engine is its framework and tier (the label past the strategy: +bf16, +compiled) at
-the same cores per device, preset, batch per device and devices per node: the 1-node run of an
-engine may train with another strategy than its runs on several nodes (MXNet's gluon, where
-several nodes need kvstore dist and its servers).
+A run's engine is its framework and tier (the label past the strategy: +bf16, +compiled), and
+its BatchNorm (+sync-bn), at the same cores per device, preset, batch per device and devices per
+node: the 1-node run of an engine may train with another strategy than its runs on several nodes
+(MXNet's gluon, where several nodes need kvstore dist and its servers), and on one device
+BatchNorm is the same either way.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from common import flops
 from compare import comm_model as cm
@@ -40,7 +41,8 @@ LAYERS = {"lenet": flops.lenet_layers, "resnet18": flops.resnet18_layers}  # lay
 @dataclass(frozen=True)
 class Engine:
     framework: str
-    tier: str  # the label past the strategy
+    tier: str  # the label past the strategy: precision and compilation
+    sync_bn: bool  # BatchNorm over the whole batch of several devices
     cores: int | None
     preset: str
     per_device_batch: float
@@ -50,7 +52,9 @@ class Engine:
 def engine_of(e: Entry) -> Engine:
     r, nodes = e.rec, e.nodes or 1
     per_device = r.batch_size / r.devices
-    return Engine(r.framework, e.tier, e.cores_per_device, r.preset, per_device, r.devices / nodes)
+    return Engine(
+        r.framework, e.tier, e.sync_bn, e.cores_per_device, r.preset, per_device, r.devices / nodes
+    )
 
 
 def algorithm(e: Entry) -> str | None:
@@ -159,8 +163,13 @@ def cells_of(entries: list[Entry]) -> list[Cell]:
     for e in sorted(entries, key=lambda e: (e.time, e.order)):
         if e.nodes == 1:
             bases[engine_of(e)] = e
-    cells = [analyse(e, bases.get(engine_of(e))) for e in entries]
+    cells = [analyse(e, base_of(engine_of(e), bases)) for e in entries]
     return sorted(cells, key=order)
+
+
+def base_of(engine: Engine, bases: dict[Engine, Entry]) -> Entry | None:
+    """The engine's 1-node run: one of one device per node has no +sync-bn (the same math)."""
+    return bases.get(engine) or bases.get(replace(engine, sync_bn=False))
 
 
 def order(cell: Cell) -> tuple:

@@ -189,6 +189,12 @@ def dp_rows(entries: list[Entry]) -> list[DpRow]:
         key = (r.framework, e.label, e.cores_per_device)
         row = rows.setdefault(key, DpRow(*key[:2], r.platform, r.virtual, r.preset, {}, key[2]))
         row.cells[r.devices] = e  # one group and the newest per cell: one record per count
+    for (fw, label, cores), row in rows.items():
+        # On one device BatchNorm is the same either way: a +sync-bn row's 1-device run is the
+        # plain one's, so its speedup is over the same baseline.
+        plain = rows.get((fw, label.removesuffix("+sync-bn"), cores))
+        if label.endswith("+sync-bn") and plain and 1 in plain.cells:
+            row.cells.setdefault(1, plain.cells[1])
     workload = entries[0].rec.workload if entries else None
     return [rows[k] for k in sorted(rows, key=lambda k: (*rank(workload, *k[:2]), k[2] or 0))]
 

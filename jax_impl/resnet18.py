@@ -11,9 +11,9 @@ shard, step, correct, total) (common/training.py, "A strategy"):
                       leading device axis): the classic API, in maintenance mode (since JAX 0.8
                       built on jit and shard_map), kept as the classic form of the program.
 
-BatchNorm: under `sharding` the model sees the global batch (XLA all-reduces its statistics);
-under `shard_map` and `pmap` it gets `axis_name='data'` and pmeans them. Either way N devices
-compute what one computes on the whole batch (torch DDP and MXNet Gluon: per-device statistics).
+BatchNorm: each device normalises its share of the batch, as in DDP and Gluon (d2l 13.6), the
+running statistics averaged; under `sharding` each share is a row of a vmap named 'data' (no
+collective in the forward pass). --sync-bn: the net's axis_name 'data', the whole batch's.
 
 Layout: flax is NHWC with HWIO kernels and (in, out) dense weights; images arrive NCHW from
 common.data and are transposed once at the boundary, weights at the exchange-format boundary.
@@ -51,7 +51,7 @@ class Residual(nn.Module):
     strides: int = 1
     use_1x1conv: bool = False
     use_bn: bool = True
-    axis_name: str | None = None  # 'data' in per-device code: BatchNorm statistics pmean'd
+    axis_name: str | None = None  # 'data' (--sync-bn): BatchNorm's statistics pmean'd over it
     dtype: Any = jnp.float32  # compute dtype; parameters stay float32
 
     @nn.compact
@@ -112,7 +112,7 @@ class ResNet18(nn.Module):
 
 def resnet18(num_classes=NUM_CLASSES, in_channels=1, width=64, use_bn=True, residuals=2, **kw):
     """d2l's ResNet-18 (see torch_impl); `in_channels` is inferred by flax at init.
-    JAX-only keywords: `axis_name` (shard_map and pmap BatchNorm) and `dtype` (bf16 compute)."""
+    JAX-only keywords: `axis_name` (--sync-bn's BatchNorm) and `dtype` (bf16 compute)."""
     return ResNet18(num_classes, width, use_bn, residuals, **kw)
 
 
@@ -152,14 +152,24 @@ def loss_fn(logits, labels):
     return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
 
-def gradients(net, state, x, y, params=None):
+def gradients(net, state, x, y, params=None, shares=None):
     """(mean loss, its gradients at `params`, the BatchNorm statistics the batch leaves) on a
-    batch; `params`: the state's by default (shard_map passes each device's own copy)."""
+    batch; `params`: the state's by default (shard_map passes each device's own copy). `shares`:
+    each of that many parts of the batch through BatchNorm alone (a row of a vmap named 'data')."""
 
-    def loss_of(params):
+    def forward(params, x):
         variables = {"params": params, "batch_stats": state["batch_stats"]}
         logits, new = net.apply(variables, x, train=True, mutable=["batch_stats"])
-        return loss_fn(logits, y), new.get("batch_stats", state["batch_stats"])
+        return logits, new.get("batch_stats", state["batch_stats"])
+
+    def loss_of(params):
+        if shares is None:
+            logits, stats = forward(params, x)
+        else:  # the shares' logits in batch order, their running statistics averaged
+            parts = x.reshape(shares, -1, *x.shape[1:])
+            logits, stats = jax.vmap(forward, (None, 0), axis_name=AXIS)(params, parts)
+            logits, stats = logits.reshape(len(x), -1), jax.tree.map(lambda a: a.mean(0), stats)
+        return loss_fn(logits, y), stats
 
     at = state["params"] if params is None else params
     (loss, batch_stats), grads = jax.value_and_grad(loss_of, has_aux=True)(at)
@@ -193,8 +203,8 @@ def evaluate(net, state, x, y, mask=True):
 
 def pmap(net, optimizer, world):
     """jax.pmap: the state and the data set copied to every device (a leading device axis), each
-    device its row of every batch; the step pmeans the gradients over 'data' (and BatchNorm its
-    statistics: the net's axis_name), so every copy takes the same step. One process."""
+    device its row of every batch; the step pmeans the gradients and BatchNorm's running
+    statistics over 'data', so every copy takes the same step. One process."""
     devices, n = world.devices, len(world.devices)
     stacked = NamedSharding(Mesh(np.array(devices), (AXIS,)), P(AXIS))  # row i on device i
 
@@ -208,7 +218,7 @@ def pmap(net, optimizer, world):
     @partial(jax.pmap, axis_name=AXIS, devices=devices, donate_argnums=0)
     def step(state, x, y, rows):
         loss, grads, stats = gradients(net, state, x[rows], y[rows])
-        grads, loss = lax.pmean((grads, loss), AXIS)  # every device's, averaged
+        grads, loss, stats = lax.pmean((grads, loss, stats), AXIS)  # every device's, averaged
         return apply_gradients(optimizer, state, grads, stats), loss * len(rows) * n
 
     @partial(jax.pmap, axis_name=AXIS, devices=devices)
@@ -228,7 +238,7 @@ def pmap(net, optimizer, world):
 def shard_map(net, optimizer, world):
     """jax.shard_map over a Mesh, the state and the data set replicated, each batch split on
     'data': each device differentiates its own copy of the weights (the replicated ones' gradient
-    is summed over the devices already) and pmeans the gradients, BatchNorm its statistics."""
+    is summed over the devices already) and pmeans the gradients and running statistics."""
     n = len(world.devices)
     mesh = Mesh(np.array(world.devices), (AXIS,))
     replicated, batch = NamedSharding(mesh, P()), NamedSharding(mesh, P(AXIS))
@@ -245,7 +255,7 @@ def shard_map(net, optimizer, world):
     def step(state, x, y, rows):
         mine = lax.pcast(state["params"], AXIS, to="varying")  # this device's own copy
         loss, grads, stats = gradients(net, state, x[rows], y[rows], mine)
-        grads, loss = lax.pmean((grads, loss), AXIS)  # every device's, averaged
+        grads, loss, stats = lax.pmean((grads, loss, stats), AXIS)  # every device's, averaged
         return apply_gradients(optimizer, state, grads, stats), loss * len(rows) * n
 
     count = jax.jit(lambda state, x, y, idx, mask: evaluate(net, state, x[idx], y[idx], mask))
@@ -261,8 +271,8 @@ def shard_map(net, optimizer, world):
 
 def sharding(net, optimizer, world):
     """One jax.jit program over a Mesh of the world's devices (every process's, in several
-    processes): the state and the data set replicated, each batch sharded on 'data'; XLA
-    all-reduces the gradients (and BatchNorm's statistics: the model sees the global batch)."""
+    processes): the state and the data set replicated, each batch sharded on 'data', a share per
+    device (`gradients`' vmap); XLA all-reduces the gradients and the running statistics."""
     n = len(world.devices)
     mesh = Mesh(np.array(world.devices), (AXIS,))
     replicated, batch = NamedSharding(mesh, P()), NamedSharding(mesh, P(AXIS))
@@ -277,8 +287,8 @@ def sharding(net, optimizer, world):
     @partial(jax.jit, out_shardings=(replicated, replicated), donate_argnums=0)
     def step(state, x, y, idx):
         x = lax.with_sharding_constraint(x[idx], batch)
-        state, loss = train_step(net, optimizer, state, x, y[idx])
-        return state, loss * len(idx)
+        loss, grads, stats = gradients(net, state, x, y[idx], shares=n)
+        return apply_gradients(optimizer, state, grads, stats), loss * len(idx)
 
     count = jax.jit(lambda state, x, y, idx, mask: evaluate(net, state, x[idx], y[idx], mask))
 
@@ -304,9 +314,10 @@ def train(net, cfg, ds, strategy, run):
     place, shard, step, correct, total = strategy(net, optimizer, run.world)
     x_train, y_train, x_test, y_test = place(data.as_float(ds, np.int32, channels_last=True))
     variables = init_weights(net, cfg.init_std, cfg.seed)
-    initial = dict(variables, opt_state=optimizer.init(variables["params"]))
     # On the host: `place` copies it (a donated device array could alias it otherwise).
-    initial = jax.tree.map(np.asarray, initial)
+    initial = jax.tree.map(
+        np.asarray, dict(variables, opt_state=optimizer.init(variables["params"]))
+    )
     state = place(initial)
 
     def newest():  # JAX has no device-wide barrier: the clock waits for the newest state
@@ -337,7 +348,7 @@ def main(args, plan, cfg, hooks):
     config.check_epoch_split(data.train_size(cfg.train_subset), cfg.batch_size, world.plan.count)
     ds = data.load_subsets(cfg.train_subset, cfg.test_subset, cfg.seed)
     dtype = jnp.bfloat16 if args.amp == "bf16" else jnp.float32  # JAX's bf16: the model's dtype
-    net = resnet18(axis_name=None if strategy == "sharding" else AXIS, dtype=dtype)
+    net = resnet18(axis_name=AXIS if args.sync_bn else None, dtype=dtype)
     run = harness.Run(args, cfg, ds, world, hooks=hooks)
     with run.sampling(utilization.sampler_for(plan.platform, world.plan.count)):
         train(net, cfg, ds, dict(sharding=sharding, shard_map=shard_map, pmap=pmap)[strategy], run)

@@ -187,8 +187,9 @@ def ddp(net, optimizer, world):
     device. Each rank takes its row of every global batch, so a global batch is the one-device
     batch. DDP broadcasts rank 0's weights and, during backward, all-reduces (averages) the
     gradients in buckets: every rank takes the same step. BatchNorm statistics stay per rank
-    (DDP's default). One rank has nothing to average, yet DDP would all-reduce every gradient:
-    it trains the plain module, as JAX and Gluon do on one device."""
+    (DDP's default; --sync-bn: SyncBatchNorm's, the whole batch's). One rank has nothing to
+    average, yet DDP would all-reduce every gradient: it trains the plain module, as JAX and
+    Gluon do on one device."""
     device, rank, size = world.devices[0], world.rank, world.size
     wrapped = net
     if size > 1:
@@ -245,6 +246,8 @@ def main(args, plan, cfg, hooks):
     ds = data.load_subsets(cfg.train_subset, cfg.test_subset, cfg.seed)
     device = world.devices[0]
     net = init_weights(resnet18(amp=args.amp == "bf16"), cfg.init_std, cfg.seed).to(device)
+    if args.sync_bn:  # the whole batch's statistics across the ranks (CUDA: checks.check_sync_bn)
+        net = nn.SyncBatchNorm.convert_sync_batchnorm(net)
     net = tdev.gpu_layout(net, device)
     # --compile: in place, before DDP or DataParallel wraps it, as torch's docs advise; it
     # compiles (and captures CUDA graphs) in the warm-up, never in a timed epoch.

@@ -42,6 +42,28 @@ def test_bf16_where_a_bf16_path_exists(framework, workload, platform, message):
 
 
 @pytest.mark.parametrize(
+    ("framework", "workload", "strategy", "platform", "message"),
+    [
+        ("jax", "resnet18", "sharding", "cpu", None),
+        ("jax", "resnet18", "pmap", "gpu", None),
+        ("torch", "resnet18", None, "gpu", None),
+        ("torch", "resnet18", "ddp", "cpu", "SyncBatchNorm runs on CUDA devices only"),
+        ("torch", "resnet18", "dataparallel", "gpu", "SyncBatchNorm runs under DDP only"),
+        ("mxnet", "resnet18", None, "cpu", "MXNet has no BatchNorm synchronised across dist"),
+        ("jax", "lenet", None, "cpu", "--sync-bn is for resnet18"),
+        ("torch", "resnet50", None, "gpu", "--sync-bn is for resnet18"),
+    ],
+)
+def test_sync_bn_where_the_engine_has_one(framework, workload, strategy, platform, message):
+    args = argparse.Namespace(workload=workload, strategy=strategy, sync_bn=True)
+    if message is None:
+        checks.check_sync_bn(framework, args, platform)
+    else:
+        with pytest.raises(config.ConfigError, match=message):
+            checks.check_sync_bn(framework, args, platform)
+
+
+@pytest.mark.parametrize(
     ("framework", "platform", "amp", "has_bf16", "noted"),
     [
         ("torch", "cpu", "bf16", False, True),

@@ -98,6 +98,7 @@ def test_resnet18_table_marks_extrapolated_figures(built):
         ("torch", "ddp"),
         ("torch", "ddp+compiled"),
         ("jax", "sharding"),
+        ("jax", "sharding+sync-bn"),
         ("jax", "pmap"),
         ("mxnet", "gluon"),
     ]
@@ -112,6 +113,33 @@ def test_resnet18_table_marks_extrapolated_figures(built):
     assert tables.UNLIKE_NOTES[tables.OVERHEADS] in md
     assert "* extrapolated: the epoch time is projected from fewer steps" in md
     assert "(20 timed steps per epoch)" in md
+
+
+def test_sync_batchnorm_is_a_row_of_its_own_over_the_same_one_device_run(built):
+    """--sync-bn computes another thing on several devices: never in the per-device row; on one
+    device the two are the same, so both rows show the one 1-device run."""
+    _, md, _ = built
+    rows = table_rows(md, "resnet18")
+    plain, sync = rows[("jax", "sharding")], rows[("jax", "sharding+sync-bn")]
+    assert plain["sec/epoch (2 dev)"] == "100 ± 0 s (n=1)"
+    assert sync["sec/epoch (2 dev)"] == "120 ± 0 s (n=1)"
+    assert sync["sec/epoch (1 dev)"] == plain["sec/epoch (1 dev)"] == "150 ± 0 s (n=1)"
+
+
+@pytest.mark.parametrize(
+    ("framework", "devices", "extra", "label"),
+    [
+        ("jax", 2, {}, "sharding+sync-bn"),  # JAX's records before the field: the whole batch
+        ("jax", 1, {}, "sharding"),  # on one device the same either way
+        ("torch", 2, {}, "sharding"),  # DDP's and Gluon's: each device's share
+        ("jax", 2, {"batch_norm": "per-device"}, "sharding"),
+        ("torch", 2, {"batch_norm": "sync"}, "sharding+sync-bn"),
+    ],
+)
+def test_a_records_batchnorm_names_its_row(framework, devices, extra, label):
+    rec = fixture_records.resnet18(framework, "sharding", devices, 1.0, 0.5, False)
+    rec.extra = {"amp": "off", **extra}
+    assert records.Entry(rec, "r.jsonl", 0).label == label
 
 
 def test_compiled_torch_is_a_row_of_its_own_beside_eager(built):
@@ -445,7 +473,7 @@ def test_nothing_of_the_preset_asked_for_is_an_error(tmp_path, capsys):
     )
     err = capsys.readouterr().err
     assert code == report.EXIT_NO_RESULTS and "Traceback" not in err
-    assert err.startswith("error: none of the 50 usable record(s) in ")
+    assert err.startswith("error: none of the 51 usable record(s) in ")
     assert (
         "is preset smoke, platform gpu (there are: preset cpu on cpu; preset full on gpu; "
         "preset smoke on cpu); choose one of those" in err

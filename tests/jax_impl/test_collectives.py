@@ -1,12 +1,14 @@
-"""What JAX's `sharding` step exchanges: the model sees the global batch, so besides the
-gradient XLA all-reduces BatchNorm's statistics, and their gradients, in every layer, each a
-barrier of every device (docs/results.md, "Scaling across nodes"); torch DDP and MXNet exchange
-the gradient once and keep BatchNorm per device."""
+"""What JAX's `sharding` step exchanges. With per-device BatchNorm (the default, as torch DDP
+and MXNet Gluon) each device's share is normalised where it lives: the step all-reduces the
+gradient (and the running statistics, small), nothing in the forward pass. With --sync-bn the
+model sees the global batch: XLA all-reduces BatchNorm's statistics, and their gradients, in
+every layer, each a barrier of every device (docs/results.md, "Scaling across nodes")."""
 
 import re
 
 import jax
 import numpy as np
+import pytest
 
 from jax_impl import resnet18 as r18
 from tests.fixtures import runs
@@ -14,9 +16,9 @@ from tests.fixtures import runs
 BATCHNORMS = 20  # d2l's ResNet-18: the stem's and two per residual block, 8 blocks, + 3 shortcuts
 
 
-def all_reduces(devices) -> list[str]:
+def all_reduces(devices, sync=False) -> list[str]:
     """The operand shapes of each all-reduce in the optimized program of one sharding step."""
-    net, optimizer = r18.resnet18(), r18.make_optimizer(0.1)
+    net, optimizer = r18.resnet18(axis_name=r18.AXIS if sync else None), r18.make_optimizer(0.1)
     place, shard, step, _, _ = r18.sharding(net, optimizer, runs.world_of(devices))
     variables = r18.init_weights(net, 0.01, 0)
     state = dict(variables, opt_state=optimizer.init(variables["params"]))
@@ -27,10 +29,24 @@ def all_reduces(devices) -> list[str]:
     return re.findall(r"= (\S+|\([^)]*\)) all-reduce(?:-start)?\(", text)
 
 
-def test_two_devices_all_reduce_batchnorm_in_every_layer_and_the_gradient():
+def conv_gradients(found: list[str]) -> int:
+    return sum(shape.count("3,3,") for shape in found)  # the 3x3 kernels' gradients
+
+
+def test_per_device_batchnorm_all_reduces_the_gradient_only():
     found = all_reduces(jax.devices("cpu")[:2])
+    # the gradient and the running statistics, combined by XLA or not: no per-layer barrier
+    assert len(found) <= 2, found
+    assert conv_gradients(found) >= 16, found
+
+
+@pytest.mark.parametrize("sync", [False, True])
+def test_one_device_exchanges_nothing(sync):
+    assert all_reduces(jax.devices("cpu")[:1], sync) == []
+
+
+def test_sync_batchnorm_all_reduces_in_every_layer_and_the_gradient():
+    found = all_reduces(jax.devices("cpu")[:2], sync=True)
     # at least one per BatchNorm forward (its batch statistics), then the gradients'
     assert len(found) > BATCHNORMS, found
-    gradient = sum(shape.count("3,3,") for shape in found)  # the conv kernels' gradients
-    assert gradient >= 16, found
-    assert all_reduces(jax.devices("cpu")[:1]) == []  # one device exchanges nothing
+    assert conv_gradients(found) >= 16, found

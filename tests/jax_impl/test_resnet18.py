@@ -121,54 +121,80 @@ def _start(net, opt):
 
 
 @functools.cache
-def _one_device_steps():
-    """The two steps on one device, plain jit, float64: (start, after, losses) as numpy."""
+def _one_device_steps(shares):
+    """The two steps on one device, plain jit, float64: (start, after, losses) as numpy. Each
+    batch goes through the net as `shares` parts, one at a time, each with BatchNorm statistics
+    of its own (a "ghost batch": what per-device BatchNorm computes); their gradients, losses
+    and running statistics averaged. With 1: the whole batch at once (what --sync-bn computes)."""
     with jax.enable_x64(True):
         x, y, steps = _batches()
         net, opt = r18.resnet18(width=8, residuals=1, dtype=jnp.float64), r18.make_optimizer(0.1)
         state = _start(net, opt)
         start = r18.get_weights(state)
-        step = jax.jit(lambda s, x, y: r18.train_step(net, opt, s, x, y))
+        grads_of = jax.jit(lambda s, x, y: r18.gradients(net, s, x, y))
+        apply = jax.jit(lambda s, g, stats: r18.apply_gradients(opt, s, g, stats))
         losses = []
         for idx in steps:
-            state, loss = step(state, x[idx], y[idx])
+            parts = [grads_of(state, x[i], y[i]) for i in data.shard_batch(idx, shares)]
+            loss, grads, stats = jax.tree.map(lambda *a: sum(a) / shares, *parts)
+            state = apply(state, grads, stats)
             losses.append(float(loss))
         return start, r18.get_weights(state), losses
 
 
-@pytest.mark.numerics
-@pytest.mark.multi_device
-@pytest.mark.parametrize("strategy", r18.STRATEGIES)
-def test_two_devices_equal_one_device_with_batchnorm(strategy):
-    """Rule 1: BatchNorm included, every strategy computes what one device computes on the whole
-    batch (sharding: global-batch statistics; shard_map and pmap: pmean'd statistics and
-    gradients), so in float64 they agree to 2**-24 (a gradient averaged twice or not at all is
-    off by O(1))."""
-    start, single, losses = _one_device_steps()
+def _two_device_steps(strategy, sync):
+    """The two steps on two devices under `strategy`, float64, BatchNorm per device or (`sync`)
+    over the whole batch: (each device's weights, the steps' mean losses)."""
     with jax.enable_x64(True):
         x, y, steps = _batches()
         devs = jax.devices("cpu")[:2]
-        net = r18.resnet18(width=8, residuals=1, axis_name=_axis(strategy), dtype=jnp.float64)
+        axis = r18.AXIS if sync else None  # as main builds the net for --sync-bn
+        net = r18.resnet18(width=8, residuals=1, axis_name=axis, dtype=jnp.float64)
         opt = r18.make_optimizer(0.1)
         place, shard, step, _, total = getattr(r18, strategy)(net, opt, runs.world_of(devs))
         state, (x_all, y_all) = place(_start(net, opt)), place([x, y])
-        got_losses = []
+        losses = []
         for idx, part in zip(steps, shard(steps), strict=True):
             state, loss = step(state, x_all, y_all, part)
-            got_losses.append(total([loss], [])[0] / len(idx))  # the batch's summed loss
-        got = [r18.get_weights(r) for r in _replicas(state, strategy)]
+            losses.append(total([loss], [])[0] / len(idx))  # the batch's summed loss
+        return [r18.get_weights(r) for r in _replicas(state, strategy)], losses
+
+
+def _check_steps(name, got, got_losses, want):
+    start, single, losses = want
     # The steps moved the weights far more than the limit: the check can see a wrong step.
     assert numerics.rel_error(single, start) > 1e3 * numerics.SAME_MATH_LIMIT
-    name = f"jax resnet18 {strategy} 2 devices vs 1"
     numerics.check_same_math(f"{name}: weights", got[0], single)
     numerics.check_same_math(f"{name}: losses", got_losses, losses)
     for k, v in got[-1].items():  # the same update on each device, bitwise
         np.testing.assert_array_equal(v, got[0][k], err_msg=k)
 
 
-def _axis(strategy):
-    """The net's axis_name as main chooses it: per-device code pmeans BatchNorm's statistics."""
-    return r18.AXIS if strategy in ("shard_map", "pmap") else None
+@pytest.mark.numerics
+@pytest.mark.multi_device
+@pytest.mark.parametrize("strategy", r18.STRATEGIES)
+def test_two_devices_equal_one_device_normalising_each_share(strategy):
+    """Rule 1, per-device BatchNorm (the default, as DDP and Gluon): every strategy computes what
+    one device computes normalising each device's share of the batch alone, its gradients,
+    losses and running statistics averaged, so in float64 they agree to 2**-24 (a gradient
+    averaged twice or not at all is off by O(1); so are the whole batch's statistics: the
+    shares of a step's batch differ by far more)."""
+    got, losses = _two_device_steps(strategy, sync=False)
+    _check_steps(
+        f"jax resnet18 {strategy} 2 devices vs 1 (per-device BN)", got, losses, _one_device_steps(2)
+    )
+
+
+@pytest.mark.numerics
+@pytest.mark.multi_device
+@pytest.mark.parametrize("strategy", r18.STRATEGIES)
+def test_two_devices_with_sync_bn_equal_one_device_on_the_whole_batch(strategy):
+    """Rule 1, --sync-bn: every strategy computes what one device computes on the whole batch
+    (BatchNorm's statistics pmean'd over 'data'), to 2**-24 in float64."""
+    got, losses = _two_device_steps(strategy, sync=True)
+    _check_steps(
+        f"jax resnet18 {strategy} 2 devices vs 1 (sync BN)", got, losses, _one_device_steps(1)
+    )
 
 
 def _replicas(state, strategy):
@@ -330,7 +356,7 @@ def test_correct_counts_a_padded_test_batch_exactly(strategy):
     rng = np.random.default_rng(4)
     x = rng.random((40, 8, 8, 1), dtype=np.float32)
     devs = jax.devices("cpu")[:2]
-    net = r18.resnet18(width=4, residuals=1, axis_name=_axis(strategy))
+    net = r18.resnet18(width=4, residuals=1)
     variables = r18.init_weights(net, 0.1, 0)
     logits = np.asarray(net.apply(variables, x, train=False))
     top2 = np.sort(logits, axis=-1)[:, -2:]

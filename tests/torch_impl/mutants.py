@@ -42,6 +42,16 @@ MUTANTS = [
         "the model never wrapped in DDP: each rank trains alone on its half of the batch",
     ),
     Mutant(
+        "torch-r18-ddp-whole-batch",
+        "torch",
+        "tests/torch_impl/test_resnet18.py::test_ddp_two_gloo_ranks_equal_one_device[per-device-bn]",
+        "torch_impl/resnet18.py",
+        "one_copy([data.shard_batch(idx, size)[rank] for idx in batches], device)",
+        "one_copy(list(batches), device)",
+        "every rank steps on the whole batch: BatchNorm's statistics are the batch's, not the "
+        "rank's share's (without BatchNorm the averaged gradient would be the same)",
+    ),
+    Mutant(
         "torch-r18-compiled-bf16-blocks",
         "torch",
         "tests/torch_impl/test_compile.py::test_compiled_steps_losses_match_eager_float64[cpu]",

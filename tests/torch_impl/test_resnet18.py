@@ -78,9 +78,9 @@ def _parity_weights():
     return weights.init_normal(r18.weight_shapes(r18.resnet18()), parity.STD, parity.SEED)
 
 
-def _bn_free_net():
+def _net(use_bn=False):
     """float64 (rule 1 of tests/fixtures/numerics.py): N ranks against one compare mathematics."""
-    return r18.init_weights(r18.resnet18(width=4, use_bn=False, residuals=1), 0.1, 0).double()
+    return r18.init_weights(r18.resnet18(width=4, use_bn=use_bn, residuals=1), 0.1, 0).double()
 
 
 def _batches():
@@ -107,12 +107,12 @@ def _ranks(fn, size, *args):
     torch.multiprocessing.start_processes(fn, args=args, nprocs=size, start_method=how)
 
 
-def _ddp_rank(rank, size, port, out):
+def _ddp_rank(rank, size, port, out, use_bn):
     world = _join(rank, size, port)
     assert (world.rank, world.size, world.plan.count) == (rank, size, size)
     assert world.sum(np.array([rank, 1.0])).tolist() == [sum(range(size)), size]
     x, y, steps = _batches()
-    net = _bn_free_net()
+    net = _net(use_bn)
     _, shard, step, _, _ = r18.ddp(net, r18.make_optimizer(net, 0.1), world)
     for part in shard(steps):  # this rank's row of each global batch
         step(torch.from_numpy(x), torch.from_numpy(y), part)
@@ -125,28 +125,47 @@ def _ddp_rank(rank, size, port, out):
     guard.exit_worker(0)
 
 
-@pytest.mark.multi_device
-def test_ddp_two_gloo_ranks_equal_one_device(tmp_path):
-    """BatchNorm-free variant: BN statistics are per rank under DDP, so only without BN is the
-    N-rank step exactly the one-device step. Two steps: 4 + 4, then 2 + 2. The one-device run
-    goes first: the ranks, forked after it, start with what its steps loaded."""
-    x, y, steps = _batches()
-    net = _bn_free_net()
-    start = r18.get_weights(net)
+def _ghost_batch_steps(net, x, y, steps, shares):
+    """d2l's steps on one device, each batch through the net as `shares` parts one at a time,
+    each with BatchNorm statistics of its own (a "ghost batch": what DDP's per-rank BatchNorm
+    computes), the parts' losses weighed to the batch's mean. With 1: the plain step."""
     opt = r18.make_optimizer(net, 0.1)
+    x, y = torch.from_numpy(x), torch.from_numpy(y)
     for idx in steps:
-        r18.train_step(net, opt, torch.from_numpy(x[idx]), torch.from_numpy(y[idx]))
+        opt.zero_grad(set_to_none=True)
+        for rows in data.shard_batch(idx, shares):
+            (r18.loss_fn(net(x[rows]), y[rows]) / shares).backward()
+        opt.step()
+
+
+@pytest.mark.numerics
+@pytest.mark.multi_device
+@pytest.mark.parametrize("use_bn", [False, True], ids=["no-bn", "per-device-bn"])
+def test_ddp_two_gloo_ranks_equal_one_device(tmp_path, use_bn):
+    """Two ranks equal one device that normalises each rank's share of the batch alone (DDP's
+    per-rank BatchNorm; without BatchNorm, the plain one-device step). Two steps: 4 + 4, then
+    2 + 2. The parameters are compared: each rank's running statistics are its own (DDP
+    broadcasts rank 0's). The one-device run goes first: the ranks, forked after it, start
+    with what its steps loaded."""
+    x, y, steps = _batches()
+    net = _net(use_bn)
+    start = r18.get_weights(net)
+    _ghost_batch_steps(net, x, y, steps, 2)
     out = tmp_path / "ddp.npz"
-    _ranks(_ddp_rank, 2, str(out))
-    single, ddp = r18.get_weights(net), dict(np.load(out))
+    _ranks(_ddp_rank, 2, str(out), use_bn)
+    params = {name for name, _ in net.named_parameters()}
+    single = {k: v for k, v in r18.get_weights(net).items() if k in params}
+    ddp = {k: v for k, v in np.load(out).items() if k in params}
     # The steps moved the weights far more than the limit: the check can see a wrong step.
-    assert numerics.rel_error(single, start) > 1e3 * numerics.SAME_MATH_LIMIT
-    numerics.check_same_math("torch resnet18 ddp 2 ranks vs 1 device", ddp, single)
+    assert (
+        numerics.rel_error(single, {k: start[k] for k in single}) > 1e3 * numerics.SAME_MATH_LIMIT
+    )
+    numerics.check_same_math(f"torch resnet18 ddp 2 ranks vs 1 device ({use_bn=})", ddp, single)
 
 
 def _wrapped(rank, size, port, out):
     world = _join(rank, size, port)
-    net = _bn_free_net()
+    net = _net()
     step = r18.ddp(net, r18.make_optimizer(net, 0.1), world)[2]
     trains = [c.cell_contents for c in step.__closure__ if isinstance(c.cell_contents, nn.Module)]
     if rank == 0:
