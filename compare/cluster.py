@@ -68,6 +68,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", default="cpu", choices=config.PRESETS)
     p.add_argument("--epochs", type=int, default=None)
     p.add_argument("--steps-per-epoch", type=int, default=None)
+    p.add_argument(
+        "--sync-bn", action="store_true", help="BatchNorm over the whole batch of all nodes"
+    )
     p.add_argument("--results", default=str(results.DEFAULT_PATH))
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per cluster run")
     p.add_argument("--venv", default=str(ROOT / ".venv"))
@@ -120,7 +123,7 @@ def node_command(fw: str, node: int, nodes: int, args, out: Path, net) -> list[s
     # one node would add a local parameter server that no 1-device run has (torch's DDP and
     # JAX's mesh of one device train the plain model).
     strategy = ENGINES[fw][0] if nodes > 1 or fw != "mxnet" else "gluon"
-    cmd += ["--strategy", strategy]
+    cmd += ["--strategy", strategy] + (["--sync-bn"] if args.sync_bn else [])
     if nodes > 1:
         endpoint = f"{net.address(0)}:{PORT}"
         cmd += ["--nnodes", str(nodes), "--node-rank", str(node), "--rdzv-endpoint", endpoint]

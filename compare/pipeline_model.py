@@ -186,3 +186,13 @@ def select(stage_seconds, batch_size: int, measured: dict[int, float], limit=FIT
 
 def best_split(model: Model, split_sizes, stages: int | None = None) -> int:
     return min(sorted(split_sizes), key=lambda s: model.predict(s, stages))
+
+
+def busy_fractions(m: int, stage_work) -> list[float]:
+    """Each stage's busy share of a GPipe or 1F1B batch of m micro-batches through stages whose
+    micro-batch times are proportional to `stage_work`: the batch takes the first micro-batch
+    through every stage, then m - 1 more slots of the slowest stage, and stage s works m t_s of
+    it. Balanced stages give 1 - bubble_fraction(m, p)."""
+    t = np.asarray(stage_work, dtype=float)
+    span = t.sum() + (m - 1) * t.max()
+    return [float(m * ts / span) for ts in t]

@@ -236,6 +236,10 @@ class Report:
         self.figure(m, plots().sweep, "resnet50_split_size.png", what, shown, rows)
         if any(row.sweep for row in rows):
             self.models(m, rows)
+        if (bubble := resnet50.bubble_table(entries)) is not None:
+            self.doc.heading(4, "The pipeline's bubble, swept")
+            self.doc.para(resnet50.BUBBLE_EXPLANATION)
+            self.doc.table(bubble)
 
     def models(self, m: Machine, rows: list[resnet50.R50Row]) -> None:
         doc = self.doc

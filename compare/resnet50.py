@@ -294,3 +294,56 @@ def projection(f: RowFit) -> Table | str | None:
     body.append(["best split", DASH, *[str(pm.best_split(model, f.measured, p)) for p in stages]])
     note = f"{f.row.framework}: stage counts above {model.stages} are projections, not measured."
     return Table(f"{f.row.framework} projection", headers, body, [note])
+
+
+BUBBLE_EXPLANATION = (
+    "torch's pipelining engine (`gpipe`, `1f1b`: a process per stage, a core each) at m "
+    "micro-batches: each stage's **measured** busy share of the timed repeats (its CPU time over "
+    "the time), beside **balanced** 1 - (p - 1) / (m + p - 1) and **with imbalance**: the stages' "
+    "micro-batch times in the ratio of their busy shares at m = 1 (one micro-batch: the stages "
+    "take turns), a batch taking the first micro-batch through every stage and m - 1 more slots "
+    "of the slowest, stage s busy m t_s of it. Both are predictions, not measurements."
+)
+
+
+def bubble_table(entries: list[Entry]) -> Table | None:
+    """gpipe and 1f1b records that carry their stages' busy shares, one row per strategy and
+    micro-batch count (the newest), against the two formulas; None without two counts."""
+    runs: dict[tuple[str, int], Entry] = {}
+    for e in sorted(entries, key=lambda e: (e.time, e.order)):
+        r, busy = e.rec, e.extra.get("stage_busy")
+        if r.strategy in ("gpipe", "1f1b") and isinstance(busy, list) and r.split_size:
+            runs[(r.strategy, pm.micro_batches(r.batch_size, r.split_size))] = e
+    if len({m for _, m in runs}) < 2:
+        return None
+    one = runs.get(("gpipe", 1))  # its stages take turns: their work in the ratio of their shares
+    work = one.extra["stage_busy"] if one is not None else None
+    body = []
+    for (strategy, m), e in sorted(runs.items()):
+        busy = e.extra["stage_busy"]
+        p = len(busy)
+        shown = [f"{b:.2f}" for b in busy]
+        imbalanced = (
+            DASH if work is None else " / ".join(f"{b:.2f}" for b in pm.busy_fractions(m, work))
+        )
+        body.append(
+            [
+                strategy,
+                str(m),
+                str(e.rec.split_size),
+                " / ".join(shown),
+                imbalanced,
+                f"{1 - pm.bubble_fraction(m, p):.2f}",
+                cell(e, split=False),
+            ]
+        )
+    headers = [
+        "strategy",
+        "micro-batches m",
+        "split size",
+        "measured busy (stage 0 / 1 ...)",
+        "with imbalance",
+        "balanced",
+        "seconds",
+    ]
+    return Table("resnet50: the pipeline's bubble", headers, body)

@@ -216,6 +216,16 @@ def test_the_plan_runs_one_node_once_then_every_link_at_every_larger_count():
     ]
 
 
+@pytest.mark.parametrize("sync", [False, True])
+def test_each_node_runs_the_batchnorm_asked_for(sync, tmp_path):
+    argv = ["--frameworks", "jax", *(["--sync-bn"] if sync else [])]
+    args = cluster.parser().parse_args(argv)
+    net = type("Net", (), {"address": lambda self, node: "10.0.0.1"})()
+    cmd = cluster.node_command("jax", 1, 2, args, tmp_path / "r.jsonl", net)
+    assert ("--sync-bn" in cmd) == sync
+    assert cmd[cmd.index("--strategy") + 1] == "sharding"
+
+
 def test_rates():
     assert netns.rate_bps("unlimited") is None
     assert netns.rate_bps("2.5gbit") == 2.5e9 and netns.rate_bps("100mbit") == 100e6

@@ -5,6 +5,8 @@ and the tutorial's own H100 numbers, where the stages do not overlap."""
 import pytest
 
 from compare import pipeline_model as pm
+from compare import records, resnet50
+from tests.compare import fixture_records
 
 BATCH = 120
 SPLITS = (1, 3, 5, 8, 10, 12, 20, 40, 60)  # the tutorial's sweep
@@ -142,3 +144,31 @@ def test_fit_needs_two_distinct_micro_batch_counts():
     assert pm.select(STAGES, BATCH, {20: 1.0}) is None
     two = pm.select(STAGES, BATCH, {1: 2.0, 60: 1.0})  # fitted, but nothing left to test it
     assert two.best is None and two.chosen is None and not two.fits[pm.SERIAL].held_out
+
+
+def test_busy_fractions_are_one_less_the_bubble_for_balanced_stages():
+    for m in (1, 2, 4, 8):
+        want = 1 - pm.bubble_fraction(m, 2)
+        assert pm.busy_fractions(m, [3.0, 3.0]) == pytest.approx([want, want])
+
+
+def test_busy_fractions_follow_the_slowest_stage():
+    # stage 1 takes 3x stage 0: at m micro-batches the batch spans 1 + 3 + (m - 1) 3 slots
+    assert pm.busy_fractions(1, [1.0, 3.0]) == pytest.approx([1 / 4, 3 / 4])
+    assert pm.busy_fractions(4, [1.0, 3.0]) == pytest.approx([4 / 13, 12 / 13])
+
+
+def test_the_bubble_table_sets_each_micro_batch_count_against_both_formulas():
+    def run(strategy, split, busy, minute):
+        rec = fixture_records.resnet50("torch", strategy, 3.0, minute, split=split)
+        rec.extra["stage_busy"] = busy
+        return records.Entry(rec, "r.jsonl", minute)
+
+    batch = fixture_records.R50_BATCH
+    entries = [run("gpipe", batch, [0.25, 0.75], 1), run("gpipe", batch // 4, [0.3, 0.9], 2)]
+    table = resnet50.bubble_table(entries + [run("1f1b", batch // 4, [0.31, 0.92], 3)])
+    rows = {(r[0], r[1]): r for r in table.rows}
+    assert rows[("gpipe", "1")][3:6] == ["0.25 / 0.75", "0.25 / 0.75", "0.50"]
+    assert rows[("gpipe", "4")][3:6] == ["0.30 / 0.90", "0.31 / 0.92", "0.80"]
+    assert rows[("1f1b", "4")][4] == "0.31 / 0.92"  # the same work ratio: gpipe's at m = 1
+    assert resnet50.bubble_table(entries[:1]) is None  # one count: nothing swept
