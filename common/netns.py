@@ -28,6 +28,8 @@ PREFIX = "mdt"  # every namespace this project makes: mdt<pid>-n<i>, mdt<pid>-sw
 IFACE = "mdt0"  # each node's interface
 SUBNET = "10.213.0"
 BURST_S = 0.004  # seconds of traffic a token bucket holds
+# tc's token bucket: a byte a second at the least, and its burst (BURST_S of the rate) in 32 bits
+MIN_RATE_BPS, MAX_RATE_BPS = 8e3, 1e12
 RATES = {"unlimited": None, "10gbit": 10e9, "1gbit": 1e9, "100mbit": 100e6}
 CLONE_NEWNET = 0x40000000  # setns(2): a network namespace
 LOST_S = 10.0  # a node without an answer from node 0 this long has lost it (a busy link at its
@@ -59,7 +61,13 @@ def rate_bps(name: str) -> float | None:
             f"link rate {name!r}: give unlimited or a rate such as 10gbit, 1gbit, 100mbit"
         )
     scale = {"gbit": 1e9, "mbit": 1e6, "kbit": 1e3}[match.group(2)]
-    return float(match.group(1)) * scale
+    bps = float(match.group(1)) * scale
+    if not MIN_RATE_BPS <= bps <= MAX_RATE_BPS:
+        raise config.ConfigError(
+            f"link rate {name!r}: give a rate from 8kbit to 1000gbit (tc's token bucket), or "
+            "unlimited"
+        )
+    return bps
 
 
 @dataclass

@@ -5,6 +5,7 @@ the report in a traceback."""
 from __future__ import annotations
 
 import math
+from datetime import datetime, timedelta, timezone
 
 from common import cores, results
 
@@ -194,8 +195,20 @@ def _origin(rec):
         yield f"git_commit must be a string, got {shown(rec.git_commit)}"
     if not isinstance(rec.timestamp, str):
         yield f"timestamp must be a string, got {shown(rec.timestamp)}"
+    elif _future(rec.timestamp):  # it would hide every later run of its cell
+        yield f"timestamp {shown(rec.timestamp)} is in the future: fix the record"
     if rec.flops is not None and not isinstance(rec.flops, dict):
         yield "flops is not an object"
+
+
+def _future(stamp: str) -> bool:
+    """Whether a record's time is past a day from now (clocks of machines may differ by hours)."""
+    try:
+        t = datetime.fromisoformat(stamp)
+    except ValueError:
+        return False
+    t = t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+    return t > datetime.now(timezone.utc) + timedelta(days=1)
 
 
 def count(name: str, x, high: int = MAX_COUNT) -> str | None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -93,6 +94,8 @@ def check(args) -> None:
     """Every setting, before any namespace is made: one line for the first that is wrong."""
     for rate in args.links:
         netns.rate_bps(rate)
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise config.ConfigError(f"--timeout must be a number of seconds > 0, got {args.timeout}")
     if min(args.nodes) < 1 or args.gpus_per_node < 1 or args.cores_per_device < 1:
         raise config.ConfigError("--nodes, --gpus-per-node and --cores-per-device must be >= 1")
     wanted = max(args.nodes) * args.gpus_per_node * args.cores_per_device
@@ -231,4 +234,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(processes.quiet_when_reader_stops(main))
+    # a stop before main takes its own (its checks, the first namespace) is one line too
+    sys.exit(signals.main(lambda: processes.quiet_when_reader_stops(main)))

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from common import config, devices
+from common import config, devices, signals
 from compare import ceiling, records, render, resnet50, scaling_report, summary, tables
 from compare.checks import WORKLOADS
 from compare.records import Entry, LeftOut, Machine
@@ -313,4 +313,4 @@ def plots():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(signals.main(main))  # a Ctrl-C while it reads or writes: one line

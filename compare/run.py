@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import shutil
 import sys
 import time
@@ -220,6 +221,8 @@ def main(argv: list[str] | None = None, runner=stream, echo=print) -> int:
     try:
         if args.assume_gpus is not None and (not args.dry_run or args.assume_gpus < 0):
             raise PlanError("--assume-gpus N (N >= 0) only plans: add --dry-run")
+        if args.timeout is not None and not (math.isfinite(args.timeout) and args.timeout > 0):
+            raise PlanError(f"--timeout must be a number of seconds > 0, got {args.timeout}")
         wanted = (args.frameworks, args.workloads, args.platform, gpus, args.preset)
         plan = make_plan(*wanted, devices.cpu_has_bf16(), devices.cores_allowed())
         unset = {} if args.python else not_set_up(args.frameworks, Path(args.venv))
@@ -284,4 +287,5 @@ def skip_notes(plan: Plan, unset: dict[str, str]) -> list[str]:
 
 
 if __name__ == "__main__":
-    sys.exit(processes.quiet_when_reader_stops(main))
+    # a stop outside the runs (the report's writing) is one line too
+    sys.exit(signals.main(lambda: processes.quiet_when_reader_stops(main)))

@@ -686,3 +686,17 @@ def test_a_diverged_record_is_shown_as_diverged_never_as_a_time(tmp_path):
     assert "Unusable" not in left and "split 3" in left and ": diverged at epoch 1" in left
     readme_rows = readme.dp_table("lenet", records.read([path], [])[:3]).rows
     assert readme_rows[0][1:] == ["0.812 / –", "10.0 ± 0.5 s (n=3)", "diverged at epoch 2", "–"]
+
+
+def test_a_record_dated_in_the_future_is_left_out_not_shown_over_later_runs(tmp_path):
+    """A clock or an edit that dates a record 2099 would make it the newest of its cell forever."""
+    now = fixture_records.resnet18("torch", "ddp", 1, 300.0, 0.61, True)
+    later = fixture_records.resnet18("torch", "ddp", 1, 999.0, 0.11, True)
+    later.timestamp = "2099-01-01T00:00:00+00:00"
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps(now.to_dict()) + "\n" + json.dumps(later.to_dict()) + "\n")
+    assert report.build([str(path)], tmp_path / "out", echo=lambda _: None) == 0
+    md = (tmp_path / "out" / "report.md").read_text()
+    body, left = md.split("\n## Left out\n", 1)
+    assert "300 ± 0 s" in body and "999" not in body
+    assert "timestamp '2099-01-01T00:00:00+00:00' is in the future: fix the record" in left

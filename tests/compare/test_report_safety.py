@@ -3,15 +3,17 @@ record says reaches report.md as text, never as markup; matplotlib draws it as w
 report that cannot be written whole leaves the previous one as it was."""
 
 import errno
+import importlib
 import json
 import os
 import re
 import subprocess
+from pathlib import Path
 
 import pytest
 from matplotlib.figure import Figure
 
-from common import results
+from common import results, signals
 from compare import render, report
 from tests.compare import fixture_records
 
@@ -182,3 +184,22 @@ def test_a_record_of_another_schema_is_left_out_with_the_reason(tmp_path):
     assert report.build([str(path)], tmp_path / "out", echo=lambda *_: None) == 0
     left = (tmp_path / "out" / "report.md").read_text().split("\n## Left out\n", 1)[1]
     assert ": schema 99 is not one this report reads (schema 1)" in left
+
+
+@pytest.mark.parametrize("name", ["report", "run", "cluster"])
+def test_a_ctrl_c_outside_the_runs_is_one_line(name, capsys, monkeypatch):
+    """A stop while the report reads or writes (or before the cluster's first namespace) ends
+    as every other stop of the project does: one line, exit 130, no traceback. The module's
+    own `__main__` block runs, its main raising the stop."""
+    module = importlib.import_module(f"compare.{name}")
+    monkeypatch.setattr(signals, "_SAID", [])  # said once per process: this test's process
+
+    def stopped(*_, **__):
+        raise KeyboardInterrupt
+
+    text = Path(module.__file__).read_text()
+    block = text[text.index('if __name__ == "__main__":') :]
+    with pytest.raises(SystemExit) as ended:
+        exec(block, {**vars(module), "__name__": "__main__", "main": stopped})
+    assert ended.value.code == 130
+    assert capsys.readouterr().err.strip().splitlines() == ["interrupted; no record written"]

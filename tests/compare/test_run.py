@@ -543,6 +543,8 @@ def test_steps_run_part_of_the_plan_numbered_as_the_dry_run_prints_it(tmp_path):
         (["--steps", "2-1"], "error: --steps 2-1: the plan has steps 1 to 4 (see --dry-run)"),
         (["--steps", "one"], "error: --steps 'one': give step numbers or ranges, such as 1-4 7"),
         (["--assume-gpus", "1"], "error: --assume-gpus N (N >= 0) only plans: add --dry-run"),
+        (["--timeout", "-1"], "error: --timeout must be a number of seconds > 0, got -1.0"),
+        (["--timeout", "nan"], "error: --timeout must be a number of seconds > 0, got nan"),
     ],
 )
 def test_bad_steps_are_one_line_before_any_run(tmp_path, capsys, argv, message):
