@@ -56,6 +56,11 @@ def joining(join):
         import jax
 
         signals.on_leaving(jax.distributed.shutdown)
+        if jax.process_count() != count:  # the coordinator's count rules: jax would go on
+            raise config.ConfigError(
+                f"this process was given {count} JAX processes (JAX_NUM_PROCESSES, --nnodes) and "
+                f"{jax.process_count()} joined: give every process the same count"
+            )
         return world
 
     return joined
