@@ -35,6 +35,7 @@ REFERENCE = (  # relative to ROOT
     "results/cpu-avx2-2core.jsonl",
     "results/cpu-avx512-2core.jsonl",
     "results/cpu-avx512-2core-cores.jsonl",
+    "results/cpu-xeon-avx512-2core-cores.jsonl",
 )
 # The groups the README shows. The GPU: the fastest card, whose records are the newest and all of
 # one clean commit. The CPU: the machine whose tables are one `make compare` of the whole plan
