@@ -6,6 +6,7 @@
 #   make ceiling [FRAMEWORK=jax] [WORKLOAD=lenet] [PRESET=cpu] [RESULTS=..]   the framework's own
 #                                         tight-loop step of lenet and resnet18 on 1 device (GPUS ignored)
 #   make cluster [FRAMEWORK=..] [NODES="1 2"] [LINKS="unlimited 1gbit"]   nodes in network namespaces
+#   make collectives [FRAMEWORK=..] [RANKS="2 4 8"] [LINKS=..]   each engine's all-reduce alone
 #   make report | readme-tables | docs | setup [FRAMEWORK=..] | lock [UPGRADE=1] | lint | info | clean
 
 SHELL := /bin/bash
@@ -246,6 +247,15 @@ CLUSTER_ARGS ?= --epochs 3 --steps-per-epoch 4
 cluster: setup
 	$(VENV)/base/bin/python -m compare.cluster --frameworks $(SELECTED) --nodes $$NODES \
 	  --links $$LINKS --preset "$$CLUSTER_PRESET" --results "$$RESULTS" $$CLUSTER_ARGS
+
+# Each engine's all-reduce alone, as nccl-tests measures NCCL's (compare/collectives.py): RANKS
+# nodes on loopback sharing the cores, then 2 nodes in network namespaces at each of LINKS (root).
+RANKS ?= 2 4 8
+COLLECTIVES_PRESET ?= cpu
+.PHONY: collectives
+collectives: setup
+	$(VENV)/base/bin/python -m compare.collectives --frameworks $(SELECTED) --ranks $$RANKS \
+	  --links $$LINKS --preset "$$COLLECTIVES_PRESET" --results "$$RESULTS"
 
 # The main job: sets up what is missing, runs everything at the preset that fits the machine.
 compare: setup

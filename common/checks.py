@@ -104,7 +104,7 @@ BF16_COST = {
 NODE_OPTIONS = ("--nnodes", "--node-rank", "--rdzv-endpoint", "--rdzv-timeout", "--peer-timeout")
 NODES_SCOPE = (
     "--nnodes, --node-rank and --rdzv-* apply to resnet18's multi-node engines (torch ddp, "
-    "JAX sharding, MXNet dist)"
+    "JAX sharding, MXNet dist) and to their allreduce"
 )
 # Each framework's engine over several machines: torchrun's c10d rendezvous, jax.distributed's
 # coordinator, ps-lite's scheduler (each at node 0's --rdzv-endpoint).
@@ -117,7 +117,7 @@ def check_nodes(framework: str, args: argparse.Namespace) -> None:
     given = [o for o in NODE_OPTIONS if getattr(args, o[2:].replace("-", "_"), None) is not None]
     if not given:
         return
-    if args.workload != "resnet18":
+    if args.workload not in ("resnet18", "allreduce"):
         raise config.ConfigError(f"{NODES_SCOPE}, not {args.workload}; drop {given[0]}")
     engine = NODE_STRATEGIES[framework]
     if args.strategy not in (None, engine):

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 
 PRESETS = ("smoke", "cpu", "full")
-WORKLOADS = ("lenet", "resnet18", "resnet50")
+WORKLOADS = ("lenet", "resnet18", "resnet50", "allreduce")
 
 
 class ConfigError(ValueError):
@@ -58,6 +58,17 @@ class Resnet50Config:
     warmup: int = 1
     split_size: int = 20  # micro-batch size of the `pipeline` strategy
     split_sizes: tuple[int, ...] = (1, 3, 5, 8, 10, 12, 20, 40, 60)
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class AllreduceConfig:
+    """The collectives benchmark (common/collectives.py): buffers of 4 B to `max_bytes` in
+    powers of 4, each timed over about `budget_s` seconds of all-reduces."""
+
+    preset: str
+    max_bytes: int = 4**13  # 64 MiB, as nccl-tests' usual -e 64M
+    budget_s: float = 1.0
     seed: int = 0
 
 
@@ -113,9 +124,17 @@ _PRESETS: dict[str, dict[str, dict]] = {
             "split_sizes": (1, 2, 4),
         },
     },
+    # The collectives need little compute: the same sizes on a CPU as on a GPU; smoke stops at
+    # 4 KiB, for tests.
+    "allreduce": {"full": {}, "cpu": {}, "smoke": {"max_bytes": 4**6, "budget_s": 0.02}},
 }
 
-_CLASSES = {"lenet": LenetConfig, "resnet18": Resnet18Config, "resnet50": Resnet50Config}
+_CLASSES = {
+    "lenet": LenetConfig,
+    "resnet18": Resnet18Config,
+    "resnet50": Resnet50Config,
+    "allreduce": AllreduceConfig,
+}
 
 
 def get_config(workload: str, preset: str, **overrides):

@@ -196,6 +196,10 @@ def check_writable(path) -> None:
         raise ResultsError(f"results file {path} {problem}; choose another --results (RESULTS=)")
 
 
+# Lines of a results file that are not training records (a file may hold both).
+OTHER_KINDS = ("allreduce",)
+
+
 def load(paths, skip_bad: bool = False, warnings: list[str] | None = None) -> list[Record]:
     """All records in `paths`. A bad line raises ResultsError naming file:line, or with
     `skip_bad` is left out and described in `warnings`."""
@@ -213,6 +217,8 @@ def load(paths, skip_bad: bool = False, warnings: list[str] | None = None) -> li
                     data = printable(json.loads(raw.decode("utf-8")))
                     if not isinstance(data, dict):
                         raise ResultsError("not a JSON object")
+                    if data.get("workload") in OTHER_KINDS:
+                        continue  # the collectives benchmark's: compare/collectives.py reads it
                     records.append(Record.from_dict(data))
                 # ValueError: a number past Python's digit limit (json's own errors are one);
                 # RecursionError: brackets nested past the parser's stack.

@@ -31,6 +31,8 @@ def load(workload: str):
         from mxnet_impl import lenet as module
     elif workload == "resnet18":
         from mxnet_impl import resnet18 as module
+    elif workload == "allreduce":
+        from mxnet_impl import allreduce as module
     else:
         from mxnet_impl import resnet50 as module
     return module, harness.Hooks("mxnet", devices, ceiling.build)

@@ -19,6 +19,8 @@ def load(workload: str):
         from torch_impl import lenet as module
     elif workload == "resnet18":
         from torch_impl import resnet18 as module
+    elif workload == "allreduce":
+        from torch_impl import allreduce as module
     else:
         from torch_impl import resnet50 as module
     return module, harness.Hooks("torch", devices, ceiling.build)

@@ -127,7 +127,7 @@ ENGINE_JOIN = {
 }
 # Private framework APIs live in the operations layer (each <fw>_impl/guard.py), with reasons.
 PRIVATE_API = re.compile(r"\b(jax\._src|jaxlib\._jax|_LIB\b|torch\._C\b|torch\._dynamo)")
-LESSON_FILES = [(f, n) for f in FRAMEWORKS for n in (*WORKLOADS, "launch")]
+LESSON_FILES = [(f, n) for f in FRAMEWORKS for n in (*WORKLOADS, "allreduce", "launch")]
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
@@ -265,6 +265,15 @@ def test_main_and_evaluate_take_the_same_arguments_everywhere():
         found = {f: signatures(path_of(f, workload)) for f in FRAMEWORKS}
         for name in ("train", "main", "measure") if workload == "resnet50" else ("main",):
             assert found["jax"][name] == found["torch"][name] == found["mxnet"][name], name
+
+
+def test_the_allreduce_files_differ_only_in_their_engine():
+    """Each framework hands common/collectives.py its collective through the same functions, in
+    the same order; the measuring is common's."""
+    found = {f: signatures(path_of(f, "allreduce")) for f in FRAMEWORKS}
+    want = {"engine": ["world"], "collective": ["world"], "main": ["args", "plan", "cfg", "hooks"]}
+    for f in FRAMEWORKS:
+        assert found[f] == want and list(found[f]) == list(want), f
 
 
 def test_the_ceiling_files_take_the_same_arguments():

@@ -1,0 +1,11 @@
+"""jax's all-reduce benchmark (jax_impl/allreduce.py), 2 ranks on loopback: each checks its
+sums (common/collectives.py) and rank 0 records the times."""
+
+import pytest
+
+from tests.fixtures.collectives import two_loopback_ranks
+
+
+@pytest.mark.multi_device
+def test_two_loopback_ranks_time_every_size(tmp_path):
+    assert two_loopback_ranks("jax", tmp_path)["collective"] == "jit psum (gloo)"
