@@ -22,8 +22,11 @@ N devices can never be faster than one).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 
 from common import config, devices
 
@@ -33,6 +36,9 @@ NODE_ENV = "MULTIDEVICE_NODE_CORES"  # the cores it claimed: this node's, e.g. "
 # LOCAL_RANK and LOCAL_WORLD_SIZE itself).
 LOCAL_INDEX_ENV, LOCAL_COUNT_ENV = "MULTIDEVICE_LOCAL_INDEX", "MULTIDEVICE_LOCAL_PROCESSES"
 EXECUTIONS = ("single", "processes", "concurrent", "sequential")
+# A lock per core that a command holds while its runs compute there: the kernel releases it
+# when the holder ends, however it ends, so no lock outlives its command.
+LOCK_DIR = Path("/run/lock") if Path("/run/lock").is_dir() else Path("/tmp")
 
 
 def allowed() -> list[int]:
@@ -134,3 +140,40 @@ def parse(text: str) -> list[int]:
 
 def _text(cores: list[int]) -> str:
     return ",".join(map(str, cores))
+
+
+@contextlib.contextmanager
+def held(cores: list[int], what: str, lock_dir: Path | None = None) -> Iterator[None]:
+    """Hold `cores` for this command (`what`: its name in the line another one reads) until
+    the block ends: one that holds any of them already refuses this one in one line naming its
+    pid (config.ConfigError), where two would contend for the cores and both records be
+    wrong."""
+    with contextlib.ExitStack() as stack:
+        for core in cores:
+            stack.enter_context(_core_lock(core, what, lock_dir or LOCK_DIR))
+        yield
+
+
+@contextlib.contextmanager
+def _core_lock(core: int, what: str, lock_dir: Path) -> Iterator[None]:
+    path = lock_dir / f"multidevice-core{core}.lock"
+    fd = None
+    with contextlib.suppress(OSError):  # another user's lock, or no folder to write in: not held
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by what this starts
+    if fd is None:
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another command"
+            raise config.ConfigError(
+                f"core {core} is held by {holder}: run one {what} at a time on these cores, "
+                "or wait for that one to end"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{what} (pid {os.getpid()})".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # the lock goes with it

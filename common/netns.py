@@ -80,6 +80,7 @@ class Network:
 
     def __post_init__(self):
         self.tag = self.tag or f"{PREFIX}{os.getpid()}"
+        self.made: list[str] = []  # the namespaces this network made, to remove
         rate_bps(self.rate)  # checked before anything is made
 
     def ns(self, node: int) -> str:
@@ -96,6 +97,7 @@ class Network:
         return [self.switch, *(self.ns(i) for i in range(self.nodes))]
 
     def __enter__(self) -> Network:
+        self._janitor = Janitor()
         try:
             self.create()
         except BaseException:
@@ -106,15 +108,23 @@ class Network:
     def __exit__(self, *exc) -> None:
         self.remove()
 
+    def _add(self, name: str) -> None:
+        """Namespace `name`, made, noted and handed to the janitor: one already there is not
+        ours (`ip` refuses it), and neither `remove` nor the janitor touches it."""
+        _ip("netns", "add", name)
+        self.made.append(name)
+        if janitor := getattr(self, "_janitor", None):
+            janitor.hold(name)
+
     def create(self) -> None:
         """The switch, then each node's namespace, veth and address; the rate on both ends."""
         remove_stale()
-        _ip("netns", "add", self.switch)
+        self._add(self.switch)
         _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
         _ip("-n", self.switch, "link", "set", "br0", "up")
         for i in range(self.nodes):
             ns, port = self.ns(i), f"p{i}"
-            _ip("netns", "add", ns)
+            self._add(ns)
             _ip(
                 "link",
                 "add",
@@ -145,9 +155,12 @@ class Network:
         _ip("netns", "exec", ns, *tc, "burst", str(burst), "latency", "100ms")
 
     def remove(self) -> None:
-        """Delete every namespace of this network (their interfaces go with them)."""
-        for name in self.names():
-            _ip("netns", "delete", name, check=False)
+        """Delete every namespace this network made (their interfaces go with them); the
+        janitor then leaves, with nothing left to do."""
+        while self.made:
+            _ip("netns", "delete", self.made.pop(), check=False)
+        if janitor := getattr(self, "_janitor", None):
+            janitor.release()
 
     def link_problem(self) -> str | None:
         """Which node's link is down (its switch port without carrier), or which node has not
@@ -172,6 +185,54 @@ class Network:
                     "the link or the switch between them is gone"
                 )
         return None
+
+
+# The janitor: names on its stdin, one a line; "." forgets them all (their maker removed them).
+# At the end of its stdin, which comes when its maker ends however it ends (SIGKILL too), it
+# ends the processes inside those it still holds and deletes them. Plain sh and ip: it starts
+# in milliseconds, and needs nothing the machine may lack where namespaces can be made.
+JANITOR = """
+names=""
+while read -r name; do
+  if [ "$name" = . ]; then names=""; else names="$names $name"; fi
+done
+for name in $names; do
+  ip netns pids "$name" 2>/dev/null | xargs -r kill -9 2>/dev/null
+  ip netns delete "$name" 2>/dev/null
+done
+"""
+
+
+class Janitor:
+    """A process of its own (its own session: a signal to this command's group spares it)
+    that removes the namespaces it was handed once this process is gone, killed outright too,
+    where this process could not remove them itself."""
+
+    def __init__(self):
+        self.proc = subprocess.Popen(
+            ["sh", "-c", JANITOR],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
+        )
+
+    def hold(self, name: str) -> None:
+        self._say(name)
+
+    def release(self) -> None:
+        """Forget every name and leave: this process removed them."""
+        self._say(".")
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(10)
+
+    def _say(self, line: str) -> None:
+        with contextlib.suppress(OSError):  # a janitor gone: remove_stale is still there
+            self.proc.stdin.write(f"{line}\n")
+            self.proc.stdin.flush()
 
 
 class Echo:

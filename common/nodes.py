@@ -6,10 +6,16 @@ variables (jax_impl/guard.py)."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 
-from common import cli, config, processes
+from common import cli, config, cores, processes, supervise
+
+_HELD: list[int] = []  # node 0's claim: its lock stays open, and held, while this process lives
 
 
 @dataclass(frozen=True)
@@ -78,6 +84,53 @@ class Nodes:
         return (
             f"{who} did not join the rendezvous at {self.endpoint} within {self.timeout} s "
             f"(this is node {self.rank} of {self.count}): start the same command on every node "
-            f"with its own --node-rank (0 to {self.count - 1}), and check that {self.endpoint} "
-            "is node 0's address, reachable from here, and not another program's port"
+            f"with its own --node-rank (0 to {self.count - 1}) and --nnodes {self.count}, and "
+            f"check that {self.endpoint} is node 0's address, reachable from here, and not "
+            "another program's port"
         )
+
+    def claim(self, what: str) -> None:
+        """Node 0's claim on its endpoint in this machine's network (a lock the kernel releases
+        as this process ends). Two nodes here both given --node-rank 0 would both start the
+        `what` on one port: the second is refused in one line, and leaves word for the first,
+        whose run then ends in one line too (a check of supervise.watch), instead of waiting
+        for a node that will not come."""
+        base = cores.LOCK_DIR / f"multidevice-net{os.stat('/proc/self/ns/net').st_ino}"
+        lock, refused = (Path(f"{base}-port{self.host_port[1]}.{end}") for end in ("lock", "no"))
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:  # another user's lock, or no lock folder to write in: no claim
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 40, 0).decode(errors="replace").strip()
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                refused.write_text(f"{holder} {os.getpid()}")
+            raise config.ConfigError(
+                f"another node 0 (pid {holder or '?'}) already hosts the {what} at "
+                f"{self.endpoint} on this machine: {self._own_ranks()}"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        _HELD.append(fd)
+        supervise.WATCH_ALSO.append(lambda: self._refused(refused))
+
+    def _refused(self, refused: Path) -> str | None:
+        """Whether another node here was refused node 0's claim while this one held it."""
+        try:
+            with_pids = refused.read_text().split()
+        except OSError:
+            return None
+        if len(with_pids) != 2 or with_pids[0] != str(os.getpid()):
+            return None
+        with contextlib.suppress(OSError):  # said once, here
+            refused.unlink()
+        return (
+            f"another node on this machine (pid {with_pids[1]}) was also given --node-rank 0 "
+            f"and was refused: {self._own_ranks()}"
+        )
+
+    def _own_ranks(self) -> str:
+        return f"give each node its own --node-rank (0 to {self.count - 1})"

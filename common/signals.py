@@ -99,12 +99,28 @@ def as_interrupt(grace: float = GRACE) -> Iterator[None]:
             signal.signal(s, old)
 
 
+def before_imports() -> None:
+    """For a command's module, first thing, before its own imports: a stop (Ctrl-C too) while
+    they run ends the process in the one line, with nothing made yet to undo. `main` then
+    takes the signals over."""
+    for s in (signal.SIGINT, *STOPS):
+        if signal.getsignal(s) in (signal.SIG_DFL, signal.default_int_handler):
+            signal.signal(s, _stopped_importing)
+
+
+def _stopped_importing(signum, frame):
+    say_stopped(raw=True)
+    os._exit(128 + signum)
+
+
 def main(run: Callable[[], int]) -> int:
     """A command's `run()`, its exit code: a stop that comes before the run's own handling
     (`as_interrupt`), while numpy and the framework still import, ends in the same one line."""
     for s in STOPS:
-        if signal.getsignal(s) is signal.SIG_DFL:
+        if signal.getsignal(s) in (signal.SIG_DFL, _stopped_importing):
             signal.signal(s, _raise_stopped)
+    if signal.getsignal(signal.SIGINT) is _stopped_importing:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return run()
     except KeyboardInterrupt as e:
@@ -168,6 +184,21 @@ def _watchdog(read: int, taken: threading.Event, grace: float) -> None:
 
 
 PARENT_ENV = "MULTIDEVICE_PARENT"  # the pid of the supervisor that started this process
+
+
+@contextlib.contextmanager
+def launching() -> Iterator[None]:
+    """The processes started inside the block (PARENT_ENV, in the environment they inherit)
+    end when this process is gone, even SIGKILLed (`watch_launcher`, in each)."""
+    saved = os.environ.get(PARENT_ENV)
+    os.environ[PARENT_ENV] = str(os.getpid())
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(PARENT_ENV, None)
+        else:
+            os.environ[PARENT_ENV] = saved
 
 
 def watch_launcher(on_exit: Callable[[], None] | None = None) -> int | None:

@@ -28,6 +28,9 @@ POLL_S = 0.2
 CHECK_S = 1.0  # the checks (a namespace's processes, a link's state) run `ip`: once a second
 TERM_GRACE_S = 5.0  # a member given SIGTERM has this long before SIGKILL
 TRACEBACK_WAIT_S = 1.0  # a member's traceback waits this long for a failure it may follow from
+# Checks of this process's own that every group it watches runs too (common/nodes.py: another
+# node here claimed node 0's endpoint): a framework's launcher needs no word of them.
+WATCH_ALSO: list[Callable[[], str | None]] = []
 
 
 class Failed(Exception):
@@ -151,7 +154,7 @@ class Group:
             now = time.monotonic()
             if now - checked >= CHECK_S:
                 checked = now
-                for check in checks:
+                for check in (*checks, *WATCH_ALSO):
                     if reason := check():
                         self.fail(f"error: {self.what}: {reason}; every process was stopped")
             if first_done is None and any(m.popen.poll() == 0 for m in self.members):
@@ -232,12 +235,12 @@ def run_launcher(
 ) -> int:
     """`cmd`, an engine's launcher of `workers` workers here, in a session of its own, to its
     end: its exit code. With `ready_within`, a worker must say it is up within that many
-    seconds, else the run ends with `not_ready` (config.ConfigError). A stopped worker
-    (SIGSTOP) ends the run in one line, where its peers would wait for it in a collective. Once
-    every worker has ended, or one failed, the launcher has LAUNCHER_GRACE_S left: torchrun can
-    wait minutes more for a node that is gone (its store, its exit barrier). However it ends (a
-    Ctrl-C here too), the launcher gets SIGTERM to stop its workers, then SIGKILL, and any
-    worker that outlived it is killed."""
+    seconds, else the run ends with `not_ready` (config.ConfigError; a function: the line it
+    returns then). A stopped worker (SIGSTOP) ends the run in one line, where its peers would
+    wait for it in a collective. Once every worker has ended, or one failed, the launcher has
+    LAUNCHER_GRACE_S left: torchrun can wait minutes more for a node that is gone (its store,
+    its exit barrier). However it ends (a Ctrl-C here too), the launcher gets SIGTERM to stop
+    its workers, then SIGKILL, and any worker that outlived it is killed."""
     ended = None  # when every worker had ended, or one failed
     with Group("launcher") as group:
         member = group.start("launcher", cmd, env, capture=None, cwd=cwd)
@@ -246,7 +249,7 @@ def run_launcher(
                 ready, deadline = Path(env[READY_FILE_ENV]), time.monotonic() + ready_within
                 while member.alive() and not ready.exists():
                     if time.monotonic() > deadline:
-                        raise config.ConfigError(not_ready)
+                        raise config.ConfigError(not_ready() if callable(not_ready) else not_ready)
                     time.sleep(POLL_S)
             while True:
                 with contextlib.suppress(subprocess.TimeoutExpired):

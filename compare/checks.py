@@ -1,6 +1,5 @@
 """Whether a record read from a results file can be shown: every field the report reads is
-checked here, so a hand-edited or foreign record is left out with its reason instead of ending
-the report in a traceback."""
+checked here, so a hand-edited or foreign record is left out with its reason, never a traceback."""
 
 from __future__ import annotations
 
@@ -10,27 +9,31 @@ from datetime import datetime, timedelta, timezone
 from common import cores, results
 
 WORKLOADS = ("lenet", "resnet18", "resnet50")
-# extra[SHARED_DEVICE] = true: a resnet50 record whose stages all ran on one device (a 1-GPU
-# machine): it measures the per-micro-batch overhead, not overlap
+# A resnet50 record whose stages all ran on one device: it measures overhead, not overlap.
 SHARED_DEVICE = "stages_share_device"
-# The strategy of a ceiling record (python -m <fw>_impl.ceiling, common/ceiling.py): not a
-# training run, so it is kept out of the training tables and shown against them.
-CEILING = "ceiling"
-# extra.execution: how a run's devices ran (common/cores.py). `sequential` (one process stepping
-# its CPU devices one after another) can be no speedup, however many cores each device had.
+CEILING = "ceiling"  # a ceiling record's strategy: shown against the training, not in its tables
+# One process stepping its CPU devices one after another: no speedup, whatever its cores.
 EXECUTIONS, SEQUENTIAL = cores.EXECUTIONS, "sequential"
 MAX_DEVICES = 1 << 16  # far past any machine's devices: a larger count is junk, not a run
 MAX_COUNT = 1 << 31  # likewise for batch sizes, epochs, steps, split sizes and repeats
 GPUS = "hardware.gpus must be a list of GPUs, each with a name"
+BATCH_NORMS = ("per-device", "sync")
+EXTRA_TYPES = (
+    ("amp", "a string"),
+    ("compiled", "true or false"),
+    ("sweep", "true or false"),
+    (SHARED_DEVICE, "true or false"),
+    ("utilization_source", "a string"),
+    ("memory_source", "a string"),
+)
 
 
 def problem(rec) -> str | None:
-    """Why a well-formed record still cannot be shown, or None: the first problem found."""
+    """Why a well-formed record still cannot be shown, or None. Each check may rely on the
+    ones before it: the first reason ends the checking."""
     return next((why for why in _problems(rec) if why), None)
 
 
-# Each check below runs only once every check before it has passed (`problem` stops at the first
-# reason), so a check may rely on what the earlier ones established.
 def _problems(rec):
     if not whole(rec.schema) or rec.schema != results.SCHEMA_VERSION:
         yield (
@@ -53,7 +56,6 @@ def _problems(rec):
 
 
 def _run(rec):
-    """What a record says ran: workload, strategy, devices, sizes."""
     if rec.workload not in WORKLOADS:
         yield f"unknown workload {shown(rec.workload)}"
     if not (text(rec.strategy) and text(rec.preset)):
@@ -81,39 +83,26 @@ def _stats(name: str, stats):
     if not positive(stats.get("median")):
         yield f"{name} has no positive median (got {shown(stats.get('median'))})"
     std = stats.get("std")
-    if std is not None and not nonnegative(std):
+    if std is not None and not number(std, 0):
         yield f"{name} std must be a number >= 0, got {shown(std)}"
     if "n" in stats:
         yield count(f"{name} n", stats["n"])
 
 
 def _measured(rec):
-    if rec.test_acc is not None and not fraction(rec.test_acc):
+    if rec.test_acc is not None and not number(rec.test_acc, 0, 1):
         yield f"test_acc must be a number from 0 to 1, got {shown(rec.test_acc)}"
     rate = rec.images_per_sec
-    if rate is not None and not nonnegative(rate):
+    if rate is not None and not number(rate, 0):
         yield f"images_per_sec must be a number >= 0, got {shown(rate)}"
     accs = rec.test_acc_per_epoch
-    if not isinstance(accs, list) or not all(fraction(a) for a in accs):
+    if not isinstance(accs, list) or not all(number(a, 0, 1) for a in accs):
         yield "test_acc_per_epoch is not a list of numbers from 0 to 1"
 
 
-BATCH_NORMS = ("per-device", "sync")  # resnet18's BatchNorm statistics: a device's share, or all
-EXTRA_TYPES = (
-    ("amp", "a string"),
-    ("compiled", "true or false"),
-    ("sweep", "true or false"),
-    (SHARED_DEVICE, "true or false"),
-    ("utilization_source", "a string"),
-    ("memory_source", "a string"),
-)
-
-
 def _extra(rec, extra: dict):
-    """The `extra` fields the report reads: precision, tier, sweep, sizes, sources, and the
-    ceiling measured in the run."""
     for name, wanted in EXTRA_TYPES:
-        ok = text if wanted == "a string" else flag
+        ok = text if wanted == "a string" else lambda x: isinstance(x, bool)
         if extra.get(name) is not None and not ok(extra[name]):
             yield f"extra.{name} must be {wanted}, got {shown(extra[name])}"
     for name in ("num_batches", "image_size", "repeats"):
@@ -132,7 +121,6 @@ def _extra(rec, extra: dict):
 
 
 def _cores(extra: dict):
-    """What a record says of its CPU cores: cores_per_device, cores_used, execution."""
     yield optional_count("extra.cores_per_device", extra.get("cores_per_device"), MAX_DEVICES)
     used = extra.get("cores_used")
     if used is not None and not (isinstance(used, list) and all(whole(c) and c >= 0 for c in used)):
@@ -143,7 +131,6 @@ def _cores(extra: dict):
 
 
 def _cluster(rec, extra: dict):
-    """A run of the cluster in one box: nodes, link, link_bytes, gradient_bytes, engine."""
     nodes, link, counts = extra["nodes"], extra.get("link"), extra.get("link_bytes")
     yield count("extra.nodes", nodes, MAX_DEVICES)
     if whole(rec.devices) and nodes > rec.devices:
@@ -157,7 +144,7 @@ def _cluster(rec, extra: dict):
     for name in ("rate_bps", "measured_bps"):
         if (value := (link or {}).get(name)) is not None and not positive(value):
             yield f"extra.link.{name} must be a number > 0 or null, got {shown(value)}"
-    if (latency := (link or {}).get("latency_s")) is not None and not nonnegative(latency):
+    if (latency := (link or {}).get("latency_s")) is not None and not number(latency, 0):
         yield f"extra.link.latency_s must be a number >= 0 or null, got {shown(latency)}"
     if counts is not None and not isinstance(counts, dict):
         yield "extra.link_bytes is not an object"
@@ -174,7 +161,6 @@ def _cluster(rec, extra: dict):
 
 
 def _origin(rec):
-    """Where a record was made: versions, hardware, commit, time."""
     versions, hw = rec.versions, rec.hardware
     if not isinstance(versions, dict) or not all(text(v) for v in versions.values()):
         yield "versions must be an object of strings"
@@ -195,20 +181,11 @@ def _origin(rec):
         yield f"git_commit must be a string, got {shown(rec.git_commit)}"
     if not isinstance(rec.timestamp, str):
         yield f"timestamp must be a string, got {shown(rec.timestamp)}"
-    elif _future(rec.timestamp):  # it would hide every later run of its cell
+    elif parse_time(rec.timestamp) > datetime.now(timezone.utc) + timedelta(days=1):
+        # It would hide every later run of its cell; clocks of machines may differ by hours.
         yield f"timestamp {shown(rec.timestamp)} is in the future: fix the record"
     if rec.flops is not None and not isinstance(rec.flops, dict):
         yield "flops is not an object"
-
-
-def _future(stamp: str) -> bool:
-    """Whether a record's time is past a day from now (clocks of machines may differ by hours)."""
-    try:
-        t = datetime.fromisoformat(stamp)
-    except ValueError:
-        return False
-    t = t if t.tzinfo else t.replace(tzinfo=timezone.utc)
-    return t > datetime.now(timezone.utc) + timedelta(days=1)
 
 
 def count(name: str, x, high: int = MAX_COUNT) -> str | None:
@@ -223,7 +200,6 @@ def optional_count(name: str, x, high: int = MAX_COUNT) -> str | None:
 
 
 def shown(x) -> str:
-    """`x` as a reason shows it: its repr, cut short."""
     text = repr(x)
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -232,25 +208,22 @@ def text(x) -> bool:
     return isinstance(x, str) and x != ""
 
 
-def flag(x) -> bool:
-    return isinstance(x, bool)
-
-
 def whole(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def number(x) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+def number(x, low: float = -math.inf, high: float = math.inf) -> bool:
+    real = isinstance(x, int | float) and not isinstance(x, bool)
+    return real and math.isfinite(x) and low <= x <= high
 
 
 def positive(x) -> bool:
     return number(x) and x > 0
 
 
-def nonnegative(x) -> bool:
-    return number(x) and x >= 0
-
-
-def fraction(x) -> bool:
-    return number(x) and 0 <= x <= 1
+def parse_time(text) -> datetime:
+    try:
+        t = datetime.fromisoformat(text)
+    except (TypeError, ValueError):
+        return datetime.min.replace(tzinfo=timezone.utc)
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)

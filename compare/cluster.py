@@ -17,12 +17,20 @@ and bandwidth are measured over TCP between nodes 0 and 1 (common/link.py).
 The run is all or nothing, and ends in bounded time: the nodes are watched together
 (common/supervise.py), and a node that fails, stops (SIGSTOP), or loses its link ends the run
 within seconds, with one line naming it; every process is stopped and every namespace removed,
-also on Ctrl-C, SIGTERM or SIGHUP. Only a run that ended well on every node adds its record
-(the one node 0 or the engine's rank 0 wrote) to --results, with the nodes, the link and the
-cores it ran on.
+also on Ctrl-C, SIGTERM or SIGHUP, and by a janitor of its own when the command is killed
+outright (common/netns.py). The cores are held while it runs (common/cores.py): a second
+cluster on any of them is refused in one line naming the first. Only a run that ended well on
+every node adds its record (the one node 0 or the engine's rank 0 wrote) to --results, with the
+nodes, the link and the cores it ran on.
 """
 
+# ruff: noqa: E402 (a stop while the modules import is handled before they import)
 from __future__ import annotations
+
+from common import signals
+
+if __name__ == "__main__":
+    signals.before_imports()
 
 import argparse
 import json
@@ -41,7 +49,6 @@ from common import (
     netns,
     processes,
     results,
-    signals,
     supervise,
 )
 
@@ -107,6 +114,11 @@ def check(args) -> None:
         )
     results.check_writable(args.results)
     netns.check_can_make()
+
+
+def cluster_cores(args) -> list[int]:
+    """Every core a run of the plan computes on: those of the most nodes."""
+    return cores.allowed()[: max(args.nodes) * args.gpus_per_node * args.cores_per_device]
 
 
 def node_cores(node: int, args) -> list[int]:
@@ -210,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check(args)
         runs = plan(args)
-        with signals.as_interrupt():
+        with cores.held(cluster_cores(args), "cluster"), signals.as_interrupt():
             for i, (fw, nodes, rate) in enumerate(runs, start=1):
                 print(
                     f"[{i}/{len(runs)}] {fw} resnet18 on {nodes} node(s), link {rate}", flush=True

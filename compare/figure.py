@@ -1,13 +1,8 @@
-"""The README's figure (`make readme-tables` writes it): seconds per epoch of every framework and
-path on one device of one machine group, each bar with its ceiling marked, paired as the
-README's tables pair them (compare/ceiling.py).
-
-What the figure shows is kept as data twice: in a sidecar JSON next to the PNG, and in a text
-chunk of the PNG itself. `python -m compare.readme --check` compares both with what the records
-give, never the pixels, which differ between matplotlib versions; so a committed picture that no
-longer matches the records, or a picture drawn from other data than its sidecar, fails the
-check.
-"""
+"""The README's figure (`make readme-tables` draws it): seconds per epoch of every framework and
+path on one device of one machine group, each bar with its ceiling marked. What it shows is kept
+as data twice, in a sidecar JSON and in a text chunk of the PNG: `python -m compare.readme
+--check` compares both with the records, never the pixels (they differ between matplotlib
+versions)."""
 
 from __future__ import annotations
 
@@ -16,7 +11,7 @@ from pathlib import Path
 
 from PIL import Image, UnidentifiedImageError
 
-from compare import ceiling, tables
+from compare import tables
 from compare.records import Entry, Machine
 
 WORKLOADS = ("resnet18", "lenet")  # the panels, top to bottom
@@ -30,7 +25,7 @@ def rounded(x: float | None) -> float | None:
 
 def bar(e: Entry, c: Entry | None) -> dict:
     """One 1-device training record and its ceiling (None without one)."""
-    measured = None if c is None else "in the run" if c.extra.get(ceiling.SAME_RUN) else "apart"
+    measured = None if c is None else "in the run" if c.extra.get(tables.SAME_RUN) else "apart"
     return {
         "label": f"{e.rec.framework} {e.label}",
         "framework": e.rec.framework,
@@ -39,14 +34,14 @@ def bar(e: Entry, c: Entry | None) -> dict:
         "n": e.stats.get("n"),
         "extrapolated": bool(e.rec.extrapolated),
         "ceiling_sec_per_epoch": None if c is None else rounded(c.median),
-        "x_ceiling": None if c is None else rounded(ceiling.ratio(e, c)),
+        "x_ceiling": None if c is None else rounded(tables.ceiling_ratio(e, c)),
         "ceiling_measured": measured,
     }
 
 
 def data(machine: Machine, sources: list[str]) -> dict:
-    """Everything the figure shows, from the records of `machine` (read from `sources`): a
-    panel per workload with a 1-device record, its bars in the tables' order."""
+    """Everything the figure shows: a panel per workload with a 1-device record, its bars in
+    the tables' order."""
     panels = []
     for workload in WORKLOADS:
         ceilings = [c for c in machine.ceilings if c.rec.workload == workload]
@@ -54,7 +49,7 @@ def data(machine: Machine, sources: list[str]) -> dict:
         shown = [row.cells[1] for row in rows if 1 in row.cells and not row.cells[1].diverged]
         if shown:
             epochs = sorted({e.rec.epochs for e in shown if e.rec.epochs})
-            bars = [bar(e, ceiling.of(e, ceilings)) for e in shown]
+            bars = [bar(e, tables.ceiling_of(e, ceilings)) for e in shown]
             panels.append({"workload": workload, "epochs": epochs, "bars": bars})
     what = {"machine": machine.title, "preset": machine.preset, "sources": sorted(sources)}
     return what | {"panels": panels}

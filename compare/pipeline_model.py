@@ -1,20 +1,15 @@
 """Two timing models for the resnet50 split_size sweep, fitted to it and tested on held-out points.
 
-One timed repeat runs `a` batches (ideally num_batches) of m = ceil(batch_size / split_size)
-micro-batches through p stages, and every micro-batch costs a fixed overhead o (launches, copies,
-a smaller and less efficient kernel):
-
-- pipelined (GPipe): the stages overlap; a batch takes about (m + p - 1) slots of the slowest
-  stage's micro-batch time max_stage / m, so the bubble is (p - 1) / (m + p - 1):
-  `T = a * (m + p - 1) / m * max_stage + m * o`
-- serial: nothing overlaps (one CPU process whose operators use every core, or both stages on
-  one GPU), so the stage times add: `T = a * sum(stages) + m * o`
-
-The stage times are measured (each stage alone, one whole batch, forward and backward). `a` and
-`o` are fitted by least squares on the relative error, both >= 0. Each model is tested by leaving
-one split size out at a time, refitting, and predicting it; the model with the smaller mean
-held-out error is chosen if that error is at most FIT_LIMIT, and otherwise neither.
-Projections to more stages keep the total stage work and its imbalance (max / mean).
+A timed repeat runs `a` batches of m = ceil(batch_size / split_size) micro-batches through p
+stages, each micro-batch at a fixed overhead o (launches, copies, a smaller kernel):
+- pipelined (GPipe): the stages overlap, a batch takes m + p - 1 slots of the slowest stage's
+  micro-batch: `T = a * (m + p - 1) / m * max_stage + m * o`;
+- serial: nothing overlaps (one CPU process on every core, or both stages on one GPU):
+  `T = a * sum(stages) + m * o`.
+The stage times are measured; `a` and `o` are fitted by least squares on the relative error,
+both >= 0. Leaving each split size out in turn tests a model; the one with the smaller mean
+held-out error is chosen if that is at most FIT_LIMIT. Projections to more stages keep the total
+stage work and its imbalance (max / mean).
 """
 
 from __future__ import annotations
@@ -30,7 +25,6 @@ FIT_LIMIT = 0.10  # the most mean held-out error a model may have and still be s
 
 
 def micro_batches(batch_size: int, split_size: int) -> int:
-    """Micro-batches of `split_size`; the last one may be smaller."""
     return math.ceil(batch_size / split_size)
 
 
@@ -40,7 +34,7 @@ def bubble_fraction(m: int, p: int) -> float:
 
 def stage_time(stage_seconds, stages: int) -> float:
     """The slowest stage when the same total work is cut into `stages` stages, keeping the
-    measured imbalance; for the measured number of stages it is the measured maximum."""
+    measured imbalance."""
     t = np.asarray(stage_seconds, dtype=float)
     return float(t.max() / t.mean() * t.sum() / stages)
 
@@ -76,13 +70,11 @@ class Model:
 
 
 def fit(kind: str, stage_seconds, batch_size: int, measured: dict[int, float]) -> Model | None:
-    """The model of `kind` closest (in relative error) to `measured` (split size -> seconds);
-    None when the points do not pin down two parameters (fewer than two micro-batch counts)."""
-    if len(stage_seconds) < 2:
-        return None  # one stage is not a pipeline
+    """The model of `kind` closest in relative error to `measured` (split size -> seconds); None
+    without two micro-batch counts to pin down two parameters, or with one stage."""
     splits = sorted(measured)
     ms = [micro_batches(batch_size, s) for s in splits]
-    if len(set(ms)) < 2:
+    if len(stage_seconds) < 2 or len(set(ms)) < 2:
         return None
     p = len(stage_seconds)
     y = np.array([measured[s] for s in splits], dtype=float)
@@ -91,35 +83,19 @@ def fit(kind: str, stage_seconds, batch_size: int, measured: dict[int, float]) -
     target = np.ones(len(y))
     params = np.linalg.lstsq(rows, target, rcond=None)[0]
     constrained = bool((params < 0).any())
-    if constrained:
-        params = nonnegative_fit(rows, target)
-    return Model(
-        kind,
-        tuple(float(t) for t in stage_seconds),
-        batch_size,
-        float(params[0]),
-        float(params[1]),
-        constrained,
-    )
-
-
-def nonnegative_fit(rows: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares with both parameters >= 0 when the free solution has a negative one
-    (points off the model): the better of the fits with one parameter held at 0."""
-    best, best_residual = np.zeros(2), float(np.sum(y * y))
-    for j in (0, 1):
-        col = rows[:, j]
-        params = np.zeros(2)
-        params[j] = max(0.0, float(col @ y) / float(col @ col))
-        residual = float(np.sum((rows @ params - y) ** 2))
-        if residual < best_residual:
-            best, best_residual = params, residual
-    return best
+    if constrained:  # the better of the fits with one parameter held at 0
+        params, best = np.zeros(2), float(np.sum(target * target))
+        for j in (0, 1):
+            col, held = rows[:, j], np.zeros(2)
+            held[j] = max(0.0, float(col @ target) / float(col @ col))
+            if (residual := float(np.sum((rows @ held - target) ** 2))) < best:
+                params, best = held, residual
+    stages = tuple(float(t) for t in stage_seconds)
+    return Model(kind, stages, batch_size, float(params[0]), float(params[1]), constrained)
 
 
 def errors(model: Model, measured: dict[int, float]) -> dict[int, float]:
-    """Relative error (predicted - measured) / measured of every point, by the model fitted to
-    all of them."""
+    """Relative error of every point, by the model fitted to all of them."""
     return {s: (model.predict(s) - t) / t for s, t in sorted(measured.items())}
 
 
@@ -146,8 +122,7 @@ def cross_validate(kind: str, stage_seconds, batch_size: int, measured: dict[int
     held_out = {}
     for split in sorted(measured):
         rest = {s: t for s, t in measured.items() if s != split}
-        without = fit(kind, stage_seconds, batch_size, rest)
-        if without is not None:
+        if (without := fit(kind, stage_seconds, batch_size, rest)) is not None:
             held_out[split] = (without.predict(split) - measured[split]) / measured[split]
     return Fit(model, held_out)
 
@@ -172,16 +147,12 @@ class Selection:
 
 def select(stage_seconds, batch_size: int, measured: dict[int, float], limit=FIT_LIMIT):
     """Both models fitted and tested on `measured`; None when neither can be fitted."""
-    fits = {}
-    for kind in KINDS:
-        result = cross_validate(kind, stage_seconds, batch_size, measured)
-        if result is not None:
-            fits[kind] = result
+    fits = {k: cross_validate(k, stage_seconds, batch_size, measured) for k in KINDS}
+    fits = {k: f for k, f in fits.items() if f is not None}
     if not fits:
         return None
-    tested = [k for k in KINDS if k in fits and fits[k].held_out]
-    best = min(tested, key=lambda k: fits[k].mean_error, default=None)
-    return Selection(fits, best, limit)
+    tested = [k for k in fits if fits[k].held_out]
+    return Selection(fits, min(tested, key=lambda k: fits[k].mean_error, default=None), limit)
 
 
 def best_split(model: Model, split_sizes, stages: int | None = None) -> int:
@@ -189,10 +160,9 @@ def best_split(model: Model, split_sizes, stages: int | None = None) -> int:
 
 
 def busy_fractions(m: int, stage_work) -> list[float]:
-    """Each stage's busy share of a GPipe or 1F1B batch of m micro-batches through stages whose
-    micro-batch times are proportional to `stage_work`: the batch takes the first micro-batch
-    through every stage, then m - 1 more slots of the slowest stage, and stage s works m t_s of
-    it. Balanced stages give 1 - bubble_fraction(m, p)."""
+    """Each stage's busy share of a batch of m micro-batches through stages whose micro-batch
+    times are in the ratio of `stage_work`: the batch takes the first micro-batch through every
+    stage, then m - 1 slots of the slowest, and stage s works m t_s of it."""
     t = np.asarray(stage_work, dtype=float)
     span = t.sum() + (m - 1) * t.max()
     return [float(m * ts / span) for ts in t]

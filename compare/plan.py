@@ -1,8 +1,6 @@
-"""The plan of `make compare` (compare/run.py): which run of which framework and workload on how
-many devices, with which flags, and why the others are left out on this machine. A pure
-function of the request, the accelerator count and the CPU's bf16 arithmetic, so a one-GPU
-machine's plan can be printed on any machine (`--dry-run --assume-gpus 1`) and split into parts
-(`--steps`).
+"""The plan of `make compare` (compare/run.py): which runs, with which flags, and why the others
+are left out on this machine. A pure function of the request, the accelerator count and the
+CPU's bf16 arithmetic, so a one-GPU machine's plan prints anywhere (`--dry-run --assume-gpus 1`).
 """
 
 from __future__ import annotations
@@ -13,8 +11,7 @@ from dataclasses import dataclass
 from common import config, devices
 
 ALL = ("torch", "jax", "mxnet")
-# Every 1-device run of these times its framework's ceiling after each epoch, in the same process
-# (--ceiling, common/ceiling.py), for the report's x ceiling.
+# Every 1-device run of these times its framework's ceiling after each epoch (--ceiling).
 CEILING_WORKLOADS = ("lenet", "resnet18")
 
 
@@ -34,10 +31,9 @@ class Run:
     pinned: bool = False
 
 
-# The run list. On a machine with fewer accelerators than `gpus`, a row is skipped with a reason.
 # Each framework's plain path (float32; torch eager) runs on 1 and 2 devices; beside it on one
-# device, its faster paths, labelled in the report: bf16 in all three and torch compiled. bf16
-# runs where it can pay: with bf16 arithmetic (BF16_WHY says what was measured without it).
+# device its faster paths: bf16 where it can pay (BF16_WHY), torch compiled. A row a machine
+# cannot run is skipped with its reason.
 BF16, COMPILED = ("--amp", "bf16"), ("--compile",)
 DP_CUDA = "nn.DataParallel without CUDA silently runs the plain module"
 BF16_WHY = (
@@ -49,14 +45,15 @@ MX_BF16 = (
     "MXNet's bf16 kernels are oneDNN's, for CPUs only: they fail on AVX2, and emulated on AVX-512 "
     "without AVX512_BF16 they were measured 2.6x slower than float32 (docs/design.md, Traps)"
 )
-# The scaling runs on a CPU time fewer steps than the 1-device comparison (the records say so:
-# epochs, steps_timed): lenet 3 epochs, resnet18 5 steps per epoch, extrapolated.
+# The scaling runs on a CPU time fewer steps than the 1-device comparison (the records say so).
 PINNED_FLAGS = {
     "lenet": ("--epochs", "3"),
     "resnet18": ("--steps-per-epoch", "5"),
     "resnet50": (),
 }
 PINNED_1 = "only on a CPU: the 1-device baseline of the 2-device run, on one device's cores"
+ONE_GPU = "the 2-device runs cannot run: at least the single-device time"
+ONE_GPU_SWEEP = "the 2-device sweep cannot run: the split sizes with both stages on the one GPU"
 RUNS: tuple[Run, ...] = (
     Run("lenet", 1, ALL, None),
     Run("lenet", 1, ALL, None, (), "cpu", PINNED_1, pinned=True),
@@ -91,24 +88,8 @@ RUNS: tuple[Run, ...] = (
     Run("resnet50", 2, ALL, None, ("--sweep",), pinned=True),  # split_size sweep
     Run("resnet50", 2, ("torch",), "gpipe", pinned=True),
     Run("resnet50", 2, ("torch",), "1f1b", pinned=True),
-    Run(
-        "resnet50",
-        1,
-        ALL,
-        None,
-        (),
-        "1gpu",
-        "the 2-device runs cannot run: at least the single-device time",
-    ),
-    Run(
-        "resnet50",
-        1,
-        ALL,
-        None,
-        ("--sweep",),
-        "1gpu",
-        "the 2-device sweep cannot run: the split sizes with both stages on the one GPU",
-    ),
+    Run("resnet50", 1, ALL, None, (), "1gpu", ONE_GPU),
+    Run("resnet50", 1, ALL, None, ("--sweep",), "1gpu", ONE_GPU_SWEEP),
 )
 
 
@@ -116,8 +97,8 @@ MAX_DEVICES = 2  # the most devices a run of the plan asks for
 
 
 def _step(fw: str, run: Run, platform: str, cpu_cores: int) -> Step:
-    """The command of `run` for `fw`: on a CPU, a pinned run gives each of up to MAX_DEVICES
-    devices its share of the cores, and times fewer steps (PINNED_FLAGS)."""
+    """The command of `run` for `fw`: on a CPU, a pinned run gives each device its share of
+    the cores and times fewer steps (PINNED_FLAGS)."""
     if not (run.pinned and platform == "cpu"):
         return Step(fw, run.workload, run.gpus, run.strategy, run.flags)
     flags = (*run.flags, *PINNED_FLAGS[run.workload])
@@ -175,21 +156,15 @@ def make_plan(
     cpu_bf16: bool = False,
     cpu_cores: int = 2,
 ) -> Plan:
-    """The runs for this machine: a pure function of the request, the accelerator count,
-    whether the CPU has bf16 arithmetic (devices.cpu_has_bf16) and the cores it may use (on a
-    CPU, the 2-device runs take half of them per device)."""
-    for fw in frameworks:
-        if fw not in ALL:
-            raise PlanError(f"unknown framework {fw!r}; choose from {', '.join(ALL)}")
-    for w in workloads:
-        if w not in config.WORKLOADS:
-            raise PlanError(f"unknown workload {w!r}; choose from {', '.join(config.WORKLOADS)}")
-    if platform not in devices.PLATFORMS:
-        raise PlanError(
-            f"unknown platform {platform!r}; choose from {', '.join(devices.PLATFORMS)}"
-        )
-    if preset is not None and preset not in config.PRESETS:
-        raise PlanError(f"unknown preset {preset!r}; choose from {', '.join(config.PRESETS)}")
+    """The runs for this machine, from the request, the accelerator count, whether the CPU has
+    bf16 arithmetic (devices.cpu_has_bf16) and the cores it may use."""
+    asked = [("framework", fw, ALL) for fw in frameworks]
+    asked += [("workload", w, config.WORKLOADS) for w in workloads]
+    asked += [("platform", platform, devices.PLATFORMS)]
+    asked += [("preset", preset, config.PRESETS)] if preset is not None else []
+    for what, name, known in asked:
+        if name not in known:
+            raise PlanError(f"unknown {what} {name!r}; choose from {', '.join(known)}")
     if platform == "gpu" and accelerators == 0:
         raise PlanError("--platform gpu but this machine has no CUDA GPU; use auto or cpu")
     resolved = "gpu" if platform == "gpu" or (platform == "auto" and accelerators > 0) else "cpu"
@@ -225,8 +200,8 @@ def make_plan(
 
 
 def select(plan: Plan, spec: list[str] | None) -> Plan:
-    """`plan` with only the steps `spec` names (--steps: numbers as the plan prints them, and
-    ranges such as 1-4), in the plan's order; None: all of them."""
+    """`plan` with only the steps `spec` names (--steps: numbers and ranges such as 1-4), in the
+    plan's order; None: all of them."""
     if spec is None:
         return plan
     total, chosen = len(plan.steps), set()

@@ -1,6 +1,5 @@
-"""PNG plots with matplotlib's object-oriented API on the Agg canvas (no display), grouped bars
-by pandas. Every function writes one file and returns its path, or None when there is nothing
-to draw."""
+"""PNG plots with matplotlib's object-oriented API on the Agg canvas, grouped bars by pandas. Each
+function writes one file and returns its path, or None when there is nothing to draw."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ from matplotlib.figure import Figure
 
 from compare import pipeline_model
 from compare.resnet50 import STRATEGIES, R50Row, RowFit
-from compare.scaling import fmt_bits
+from compare.scaling_report import fmt_bits
 from compare.tables import DpRow, decimals, device_counts
 
 COLORS = {"torch": "#ee4c2c", "jax": "#4a7bd0", "mxnet": "#2ca02c"}
@@ -22,14 +21,13 @@ MARKERS = "osD^vP*X"
 
 
 def _axes(width: float = 7.5, height: float = 4.5, panels: int = 0, **kw):
-    """A figure on the Agg canvas, and its axes (one, or `panels` of them)."""
     fig = Figure(figsize=(width, height), layout="constrained")
     FigureCanvasAgg(fig)
     return fig, (fig.subplots(panels, **kw) if panels else fig.add_subplot())
 
 
 def _save(fig: Figure, path: Path, metadata: dict[str, str] | None = None) -> Path:
-    """`metadata`: PNG text chunks (the README's figure keeps its data in one)."""
+    """`metadata`: PNG text chunks (compare/figure.py keeps its data in one)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100, metadata=metadata)
@@ -41,8 +39,8 @@ def _color(framework: str, i: int) -> str:
 
 
 def _bars(ax, cells: list[list], columns: list[str], labels: list[str]) -> list[BarContainer]:
-    """Grouped bars: a group per label, a bar per column (median, std as error bar) of each
-    record in `cells` (None: no bar); the bars of each column, in order."""
+    """A group per label, a bar per column (median, std as error bar) of each record in `cells`
+    (None: no bar); the bars of each column, in order."""
 
     def frame(value):
         values = [[np.nan if e is None else value(e) for e in line] for line in cells]
@@ -57,9 +55,8 @@ def _bars(ax, cells: list[list], columns: list[str], labels: list[str]) -> list[
 def sec_bars(
     path: Path, title: str, rows: list[DpRow], ceilings: dict | None = None
 ) -> Path | None:
-    """sec/epoch per row, one bar per device count; hatched: extrapolated. `ceilings`
-    ((framework, label) -> the ceiling's sec/epoch) marks each 1-device bar with its framework's
-    ceiling, so the gap between a loop and its ceiling shows beside the bars."""
+    """sec/epoch per row, a bar per device count, hatched: extrapolated; each 1-device bar with
+    its ceiling marked (`ceilings`: (framework, label) -> the ceiling's sec/epoch)."""
     if not rows:
         return None
     counts = device_counts(rows)
@@ -81,7 +78,7 @@ def sec_bars(
 
 
 def _ceiling_marks(ax, bars, rows: list[DpRow], ceilings: dict) -> None:
-    """A black bar-wide line at each 1-device bar's ceiling sec/epoch; one legend entry."""
+    """A black bar-wide line at each 1-device bar's ceiling; one legend entry."""
     label = "ceiling (1 device)"
     for bar, row in zip(bars, rows, strict=True):
         ceiling = ceilings.get((row.framework, row.label))
@@ -92,9 +89,8 @@ def _ceiling_marks(ax, bars, rows: list[DpRow], ceilings: dict) -> None:
 
 
 def comparison(path: Path, figure: dict, metadata: dict[str, str] | None = None) -> Path | None:
-    """The README's figure (compare/figure.py's data): a panel per workload, a horizontal bar
-    per framework and path on one device (median sec/epoch, std as error bar; hatched:
-    extrapolated), each with its ceiling marked and labelled with its time and x ceiling."""
+    """The README's figure (compare/figure.py): a panel per workload, a bar per framework and
+    path on one device (hatched: extrapolated), its ceiling marked, its time and x ceiling."""
     panels = figure["panels"]
     if not panels:
         return None
@@ -112,17 +108,11 @@ def comparison(path: Path, figure: dict, metadata: dict[str, str] | None = None)
 def _comparison_panel(ax, panel: dict) -> None:
     bars = panel["bars"]
     y = np.arange(len(bars))
-    drawn = ax.barh(
-        y,
-        [b["sec_per_epoch"] for b in bars],
-        0.6,
-        xerr=[b["std"] for b in bars],
-        capsize=3,
-        ecolor="0.45",  # grey, so the black ceiling line stands out where the two meet
-        color=[_color(b["framework"], i) for i, b in enumerate(bars)],
-        edgecolor="black",
-        linewidth=0.5,
-    )
+    # grey error bars, so the black ceiling line stands out where the two meet
+    style = {"capsize": 3, "ecolor": "0.45", "edgecolor": "black", "linewidth": 0.5}
+    colors = [_color(b["framework"], i) for i, b in enumerate(bars)]
+    times, stds = [b["sec_per_epoch"] for b in bars], [b["std"] for b in bars]
+    drawn = ax.barh(y, times, 0.6, xerr=stds, color=colors, **style)
     right = max(max(b["sec_per_epoch"] + b["std"], b["ceiling_sec_per_epoch"] or 0) for b in bars)
     for rect, b in zip(drawn, bars, strict=True):
         top, t = b["ceiling_sec_per_epoch"], b["sec_per_epoch"]
@@ -142,13 +132,11 @@ def _comparison_panel(ax, panel: dict) -> None:
 
 
 def _line(ax, i: int, framework: str, x, y, label: str, **kw) -> None:
-    """One framework's line, in its color with the i-th marker."""
     ax.plot(x, y, marker=MARKERS[i % len(MARKERS)], color=_color(framework, i), label=label, **kw)
 
 
 def scaling(path: Path, title: str, rows: list[DpRow]) -> Path | None:
-    """Speedup against the same row's 1-device time, with the ideal line: only the rows whose
-    devices had hardware of their own and ran at once (DpRow.speedup is None for the others)."""
+    """Speedup against the same row's 1-device time, with the ideal line: rows of like runs."""
     lines = [(r, [(n, r.speedup(n)[0]) for n in sorted(r.cells) if r.speedup(n)]) for r in rows]
     lines = [(row, points) for row, points in lines if len(points) > 1]
     if not lines:
@@ -169,13 +157,12 @@ def scaling(path: Path, title: str, rows: list[DpRow]) -> Path | None:
 
 
 def _cores(row: DpRow, before: str = ", ") -> str:
-    """A row pinned to its own cores, told apart from the same row on shared ones."""
     per = "core(s)/dev" if before == "\n" else "core(s)/device"
     return "" if row.cores is None else f"{before}{row.cores} {per}"
 
 
 def accuracy(path: Path, title: str, rows: list[DpRow]) -> Path | None:
-    """Test accuracy after every epoch, one line per row and device count."""
+    """Test accuracy after every epoch, a line per row and device count."""
     curves = [
         (row, n, e.rec.test_acc_per_epoch)
         for row in rows
@@ -198,9 +185,8 @@ def accuracy(path: Path, title: str, rows: list[DpRow]) -> Path | None:
 
 
 def nodes(path: Path, title: str, lines) -> Path | None:
-    """Seconds per step against the link's rate (bit/s, log scale; a link without a rate at the
-    throughput measured over it), one line per engine and node count, its model dashed and its
-    1-node step dotted (compare/scaling_report.py's Line)."""
+    """Seconds per step against the link's rate (scaling_report.Line), a line per engine and
+    node count, its model dashed and its 1-node step dotted."""
     if not lines:
         return None
     fig, ax = _axes()
@@ -212,7 +198,6 @@ def nodes(path: Path, title: str, lines) -> Path | None:
             ax.plot(*zip(*line.model, strict=True), "--", marker="x", color=color, label=label)
         if line.compute is not None:
             ax.axhline(line.compute, color=color, linestyle=":", linewidth=1)
-    # the rates themselves as ticks: a log axis's own labels are mathtext, drawn here as written
     _log_axis(ax, sorted({x for line in lines for x, _ in line.measured}), fmt_bits)
     ax.set(xlabel="link rate (log scale; unlimited: its measured throughput)")
     ax.set(ylabel="seconds per step", title=title + "\ndotted: the engine's 1-node step")
@@ -221,7 +206,7 @@ def nodes(path: Path, title: str, lines) -> Path | None:
 
 
 def r50_bars(path: Path, title: str, rows: list[R50Row]) -> Path | None:
-    """Seconds per timed repeat of every resnet50 strategy, per framework."""
+    """Seconds per timed repeat of every resnet50 strategy and framework."""
     if not rows:
         return None
     fig, ax = _axes()
@@ -233,7 +218,7 @@ def r50_bars(path: Path, title: str, rows: list[R50Row]) -> Path | None:
 
 
 def sweep(path: Path, title: str, rows: list[R50Row]) -> Path | None:
-    """The split_size tradeoff: time against micro-batch size, one line per framework."""
+    """The split_size tradeoff: time against micro-batch size, a line per framework."""
     rows = [r for r in rows if r.sweep]
     if not rows:
         return None
@@ -241,18 +226,13 @@ def sweep(path: Path, title: str, rows: list[R50Row]) -> Path | None:
     for i, row in enumerate(rows):
         es = [row.sweep[s] for s in sorted(row.sweep)]
         shared = " (stages share one device)" if any(e.shares_device for e in es) else ""
-        ax.errorbar(
-            sorted(row.sweep),
-            [e.median for e in es],
-            yerr=[e.std for e in es],
-            marker=MARKERS[i % len(MARKERS)],
-            capsize=3,
-            color=_color(row.framework, i),
-            label=row.framework + shared,
-        )
+        medians, stds = [e.median for e in es], [e.std for e in es]
+        marker, color = MARKERS[i % len(MARKERS)], _color(row.framework, i)
+        kw = {"marker": marker, "capsize": 3, "color": color, "label": row.framework + shared}
+        ax.errorbar(sorted(row.sweep), medians, yerr=stds, **kw)
         single = row.runs.get("single")
         if single is not None and not single.diverged:
-            ax.axhline(single.median, color=_color(row.framework, i), linestyle=":", linewidth=1)
+            ax.axhline(single.median, color=color, linestyle=":", linewidth=1)
     _log_axis(ax, sorted({s for row in rows for s in row.sweep}))
     ax.set(xlabel="split_size (micro-batch size; log scale)", ylabel="seconds per timed repeat")
     ax.set_title(title + "\ndotted: single device")
@@ -261,8 +241,8 @@ def sweep(path: Path, title: str, rows: list[R50Row]) -> Path | None:
 
 
 def model_plot(path: Path, title: str, fits: list[RowFit], stages=(4, 8)) -> Path | None:
-    """Left: the measured sweep, and the model the data supports where one fits. Right (when a
-    pipelined model is used): that model projected to more stages."""
+    """Left: the measured sweep and the model it supports; right (a pipelined model used): that
+    model projected to more stages."""
     if not fits:
         return None
     pipelined = [f for f in fits if f.selection.chosen == pipeline_model.PIPELINED]
@@ -298,7 +278,8 @@ def model_plot(path: Path, title: str, fits: list[RowFit], stages=(4, 8)) -> Pat
 
 
 def _log_axis(ax, ticks, label=str) -> None:
-    """A log axis labelled with the values themselves (split sizes, link rates)."""
+    """A log axis labelled with the values themselves: its own labels are mathtext, drawn here
+    as written."""
     ax.set_xscale("log")
     ax.set_xticks(ticks, [label(x) for x in ticks])
     ax.minorticks_off()

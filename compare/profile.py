@@ -1,14 +1,8 @@
-"""--profile's traces summarised the same way for the three frameworks: `python -m compare.profile
-DIR`.
-
-torch.profiler, jax.profiler and mx.profiler each write a Chrome trace (common/profiling.py): a
-list of events, each on a thread of a process, complete ("X", with a duration) or opened and
-closed ("B" ... "E"). For each trace in DIR this prints its span and, per process (the host; a
-GPU, whose threads are its streams) and per thread, how long something ran there (the union of
-its events) and the events with the most self time (their time less their children's). A GPU
-busy for most of the span runs its kernels back to back; one that idles waits for the host to
-launch them: the question a training loop slower than its ceiling asks. Perfetto
-(ui.perfetto.dev) opens the same files for the whole picture.
+"""`python -m compare.profile DIR`: --profile's Chrome traces (common/profiling.py), the same way
+for the three frameworks. Per trace its span and, per process (the host; a GPU, whose threads are
+its streams) and thread, how long something ran there and the events with the most self time. A
+GPU busy for most of the span runs its kernels back to back; one that idles waits for the host:
+the question a loop slower than its ceiling asks. Perfetto opens the same files whole.
 """
 
 from __future__ import annotations
@@ -38,7 +32,7 @@ class Event:
 
 
 def load(path: Path) -> list[dict]:
-    """The trace's events: a Chrome trace is an object with `traceEvents`, or a bare list."""
+    """The events of a Chrome trace: an object with `traceEvents`, or a bare list."""
     opener = gzip.open if path.name.endswith(".gz") else open
     try:
         with opener(path, "rt") as f:
@@ -49,8 +43,8 @@ def load(path: Path) -> list[dict]:
 
 
 def events(raw: list[dict]) -> list[Event]:
-    """Complete events ("X"), and "B"/"E" pairs matched per thread; metadata names the process
-    and thread; instants, counters and async events (no duration on a thread) are left out."""
+    """Complete events ("X") and "B"/"E" pairs matched per thread, named by the metadata; no
+    instants, counters or async events (no duration on a thread)."""
     processes, threads = {}, {}
     for e in raw:
         if e.get("ph") == "M" and e.get("name") == "process_name":
@@ -91,7 +85,7 @@ def busy(evs: list[Event]) -> float:
 
 def self_times(evs: list[Event]) -> dict[str, tuple[float, int]]:
     """{name: (self microseconds, calls)} on one thread: an event's time less that of the
-    events nested directly inside it (a torch op's kernels launch inside it, say)."""
+    events nested directly inside it."""
     totals: dict[str, list] = defaultdict(lambda: [0.0, 0])
     stack: list[tuple[Event, list]] = []
     for e in sorted(evs, key=lambda e: (e.start, -e.end)):
@@ -124,7 +118,7 @@ def summary(path: Path, top: int = 5) -> str:
 
 def _busiest(evs: list[Event], key, top: int) -> list[tuple[str, list[Event], float]]:
     """The `top` groups of `evs` by `key` (a process, a thread), busiest first, with their
-    events and busy time (computed once per group)."""
+    events and busy time."""
     groups = defaultdict(list)
     for e in evs:
         groups[key(e)].append(e)

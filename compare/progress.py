@@ -1,9 +1,5 @@
-"""How much of `make compare`'s plan is left (compare/run.py prints it at every step).
-
-Each step of the plan has a prior: rough seconds of one run by workload, preset and devices.
-Before any run the estimate is the sum of the priors of the steps left; after, that sum is
-scaled by how long the finished runs took against their own priors, so a machine twice as slow
-as the one the priors describe shows twice the estimate once its first run is done.
+"""How much of `make compare`'s plan is left: the priors (rough seconds of a run by workload,
+preset and devices) of the steps left, scaled by how long the finished runs took against theirs.
 """
 
 from __future__ import annotations
@@ -13,12 +9,9 @@ from dataclasses import dataclass
 
 from compare.plan import Step
 
-# (workload, preset) -> rough seconds of one run: (on 1 device, on 2 devices, a resnet50 split
-# size sweep). The cpu and full values follow the gaps between consecutive records of one
-# reference file each (a record is written when its run ends): results/cpu-avx2-2core.jsonl
-# and results/gpu-h200.jsonl, the sweep on a GPU results/gpu-h100.jsonl. A smoke run is a
-# framework's start and a few steps. They are a starting point only: the finished runs rescale
-# them.
+# (workload, preset) -> seconds of a run on 1 device, on 2, and of a resnet50 sweep: the gaps
+# between records of results/cpu-avx2-2core.jsonl, results/gpu-h200.jsonl and (the sweep on a
+# GPU) results/gpu-h100.jsonl; a smoke run is a framework's start and a few steps.
 PRIORS: dict[tuple[str, str], tuple[float, float, float]] = {
     ("lenet", "smoke"): (10, 10, 10),
     ("lenet", "cpu"): (250, 200, 200),
@@ -30,9 +23,8 @@ PRIORS: dict[tuple[str, str], tuple[float, float, float]] = {
     ("resnet50", "cpu"): (60, 60, 140),
     ("resnet50", "full"): (20, 40, 200),
 }
-# A CPU's scaling runs (a core per device, fewer steps: compare/plan.py PINNED_FLAGS), on 1 and
-# 2 devices, following the records of results/cpu-avx512-2core-cores.jsonl; resnet50's are its
-# 2-device runs above.
+# A CPU's scaling runs (a core per device, fewer steps: plan.PINNED_FLAGS) on 1 and 2 devices,
+# from results/cpu-avx512-2core-cores.jsonl; resnet50's are its 2-device runs above.
 PINNED_PRIORS: dict[tuple[str, str], tuple[float, float]] = {
     ("lenet", "smoke"): (10, 10),
     ("lenet", "cpu"): (110, 80),
@@ -43,7 +35,6 @@ UNKNOWN_PRIOR = 60.0  # a workload or preset the table does not know yet
 
 
 def prior(step: Step, preset: str) -> float:
-    """The prior seconds of one step of the plan at `preset`."""
     one, two, sweep = PRIORS.get((step.workload, preset), (UNKNOWN_PRIOR,) * 3)
     if "--sweep" in step.flags:
         return float(sweep)
@@ -76,8 +67,8 @@ class Progress:
         return cls([prior(s, preset) for s in steps])
 
     def finish(self, seconds: float, ok: bool) -> None:
-        """One more step done. Only a run that succeeded rescales the priors: a failed run
-        stops early, a skipped one does not start, and neither says how fast this machine is."""
+        """One more step done. Only a run that succeeded rescales the priors: a failed or
+        skipped one says nothing of how fast this machine is."""
         if ok:
             self.measured += seconds
             self.expected += self.priors[self.done]
@@ -90,7 +81,6 @@ class Progress:
         return self.measured / self.expected if self.measured > 0 and self.expected > 0 else 1.0
 
     def left(self) -> float:
-        """Estimated seconds of the steps not yet done; 0 when all are."""
         return self.scale * sum(self.priors[self.done :])
 
     def line(self) -> str:

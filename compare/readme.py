@@ -1,14 +1,9 @@
 """`make readme-tables`: the reference tables and the README's figure, from the records only.
 
-`python -m compare.readme [--check]` runs it. The records in REFERENCE give one block of
-tables per machine group, as in the report. The README shows the groups of README_SOURCES (one
-GPU, one CPU machine) between BEGIN and END; docs/results.md shows every other group between its
-own markers, and between two more the runs of each committed cluster records file
-(CLUSTER_FILES) as the report's "Scaling across nodes" shows them, with the predictions from the
-H100's 1-GPU records; FIGURE (with its data in FIGURE_DATA and inside the PNG,
-compare/figure.py) draws the README's GPU group. --check writes nothing and exits 1 when any of
-them differs from what the records give.
-tests/compare/test_readme.py runs the check, so none of them can drift from the records.
+`python -m compare.readme [--check]`: the tables of each machine group of REFERENCE (the
+README: README_SOURCES' groups; docs/results.md: the others, and each committed cluster records
+file as the report's "Scaling across nodes" shows it), and the figure of the README's GPU group
+(compare/figure.py). --check writes nothing and exits 1 when any differs from the records.
 """
 
 from __future__ import annotations
@@ -21,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from common import results
-from compare import ceiling, figure, records, resnet50, scaling_report, tables
+from compare import figure, records, resnet50, scaling_report, tables
 from compare.checks import WORKLOADS
 from compare.records import Entry, Machine
 from compare.render import markdown_table, quoted
@@ -37,29 +32,24 @@ REFERENCE = (  # relative to ROOT
     "results/cpu-avx512-2core-cores.jsonl",
     "results/cpu-xeon-avx512-2core-cores.jsonl",
 )
-# The groups the README shows. The GPU: the fastest card, whose records are the newest and all of
-# one clean commit. The CPU: the machine whose tables are one `make compare` of the whole plan
-# from a clean checkout, each 2-device run on cores of its own beside a 1-device run on as many.
-# docs/results.md shows the rest (the H100 among them, the card the GPU targets are set for, with
-# rows the H200 file lacks).
+# The README's groups: the fastest GPU, its records all of one clean commit; the CPU of one clean
+# `make compare` of the whole plan, each 2-device run on cores of its own beside a 1-device run.
 README_SOURCES = ("results/gpu-h200.jsonl", "results/cpu-avx512-2core-cores.jsonl")
 FIGURE = "docs/comparison.png"
 FIGURE_DATA = "docs/comparison.json"
 BEGIN = "<!-- reference-results:begin (`make readme-tables` writes this part from the records) -->"
 END = "<!-- reference-results:end -->"
-OTHERS_BEGIN = (
-    "<!-- other-machines:begin (`make readme-tables` writes this part from the records) -->"
+OTHERS_BEGIN, OTHERS_END = (
+    BEGIN.replace("reference-results", "other-machines"),
+    "<!-- other-machines:end -->",
 )
-OTHERS_END = "<!-- other-machines:end -->"
-SCALING_BEGIN = "<!-- scaling:begin (`make readme-tables` writes this part from the records) -->"
-SCALING_END = "<!-- scaling:end -->"
+SCALING_BEGIN, SCALING_END = BEGIN.replace("reference-results", "scaling"), "<!-- scaling:end -->"
 CLUSTER_FILES = "results/cluster-*.jsonl"  # the committed records of `make cluster`, by name
 NO_CLUSTER = (
     "No cluster records are committed yet: `make cluster RESULTS=results/cluster-NAME.jsonl` "
     f"writes them, and every `{CLUSTER_FILES}` committed is shown here."
 )
-# The 1-GPU records the predictions start from: the H100's, the card the project's GPU targets
-# are set for (one of REFERENCE, so read and checked with the others).
+# The 1-GPU records the predictions start from: the H100's, the card the GPU targets are set for.
 PREDICTIONS_SOURCE = "results/gpu-h100.jsonl"
 PREDICTIONS_LABEL = (
     "**Predictions, not measurements**, for interconnects the project has not been lent: the "
@@ -89,12 +79,12 @@ SCALING = Part("docs/results.md", SCALING_BEGIN, SCALING_END, "the scaling table
 
 
 class ReadmeError(ValueError):
-    """Records or a README the tables cannot be made from: the message is one line."""
+    """Records or a README the tables cannot be made from (one line)."""
 
 
 def load(paths=REFERENCE, root: Path = ROOT) -> list[Machine]:
-    """The machine groups of the reference records, each file's apart (two files of one kind of
-    machine are two tables); every line must be a usable record."""
+    """The machine groups of each file apart (two files of one machine are two tables); every
+    line must be a usable record."""
     machines: list[Machine] = []
     for path in paths:
         warnings: list[str] = []
@@ -111,8 +101,7 @@ def load(paths=REFERENCE, root: Path = ROOT) -> list[Machine]:
 
 
 def split(machines: list[Machine], root: Path) -> tuple[list[Machine], list[Machine]]:
-    """(the README's groups, docs/results.md's): a group goes to the README when all of its
-    records come from README_SOURCES."""
+    """(the README's groups: all their records from README_SOURCES, docs/results.md's)."""
     shown, others = [], []
     for m in machines:
         files = {shown_path(e.source, root) for e in m.entries + m.ceilings}
@@ -123,20 +112,17 @@ def split(machines: list[Machine], root: Path) -> tuple[list[Machine], list[Mach
 
 
 def fragment(paths=REFERENCE, root: Path = ROOT) -> str:
-    """The tables of every machine group of `paths`, as a generated part shows them."""
     return render(load(paths, root), root)
 
 
 def render(machines: list[Machine], root: Path) -> str:
-    """The markdown of a generated part (markers excluded): per group its line and tables,
-    then each table note once."""
+    """A generated part (markers excluded): per group its line and tables, then the notes."""
     items = [x for m in machines for x in (machine_line(m, root), *machine_tables(m))]
     return "\n\n".join(with_notes(items))
 
 
 def with_notes(items: list[Table | str]) -> list[str]:
-    """The blocks of `items`, each table without its notes and each line as it is, then every
-    table's notes once, below them all."""
+    """The blocks of `items` (tables without their notes), then every table's notes once."""
     notes = list(dict.fromkeys(n for item in items if isinstance(item, Table) for n in item.notes))
     blocks = [x if isinstance(x, str) else markdown_table(x, notes=False) for x in items]
     return blocks + ([quoted(notes)] if notes else [])
@@ -173,7 +159,7 @@ def cluster_files(root: Path) -> list[str]:
 
 def scaling_part(reference: list[Machine], root: Path) -> str:
     """Per cluster records file, each machine group's line, the scaling tables and their notes,
-    then the predictions (scaling_report.docs_items); NO_CLUSTER when there is no such file."""
+    then the predictions; NO_CLUSTER without such a file."""
     paths = cluster_files(root)
     if not paths:
         return NO_CLUSTER
@@ -241,15 +227,15 @@ def busy(e: Entry | None) -> str | None:
 
 
 def dp_table(workload: str, entries: list[Entry], ceilings: list[Entry] = ()) -> Table:
-    """lenet, resnet18: test accuracy, sec/epoch on every device count, speedup where the runs
-    are alike (tables.DpRow.unlike), GPU busy, and where a ceiling was measured, the 1-device
-    run against it (compare/ceiling.py); a column only where some row has a figure for it."""
+    """lenet, resnet18: test accuracy, sec/epoch, speedup of like runs, GPU busy, and the
+    1-device run against its ceiling; a column only where some row has a figure for it."""
     rows = tables.dp_rows(entries)
     counts = tables.device_counts(rows)
     pinned = any(row.cores is not None for row in rows)  # a cores/device column only then
     lines = []
     for row in rows:
-        top, cells = ceiling.of(row.cells.get(1), ceilings), {n: row.measures(n) for n in counts}
+        top = tables.ceiling_of(row.cells.get(1), ceilings)
+        cells = {n: row.measures(n) for n in counts}
         line = {workload_title(workload, entries): f"{row.framework} {row.label}"}
         line["cores/device"] = tables.cores_text(row) if pinned else None
         line[f"test acc ({' / '.join(map(str, counts))} dev)"] = " / ".join(
@@ -258,7 +244,7 @@ def dp_table(workload: str, entries: list[Entry], ceilings: list[Entry] = ()) ->
         line |= {f"sec/epoch ({n} dev)": cells[n]["sec/epoch"] for n in counts}
         line |= {f"speedup ({n} dev)": cells[n]["speedup"] for n in counts if n > 1}
         line |= {f"GPU busy ({n} dev)": busy(row.cells.get(n)) for n in counts}
-        x = top and ceiling.ratio(row.cells.get(1), top)
+        x = top and tables.ceiling_ratio(row.cells.get(1), top)
         line["ceiling sec/epoch"] = top and tables.time_cell(top)
         line["x ceiling (1 dev)"] = top and (DASH if x is None else f"{x:.2f}x")
         lines.append(line)
@@ -294,7 +280,7 @@ def r50_tables(entries: list[Entry]) -> list[Table]:
         for row in rows
     )
     notes = [f"{STAR} extrapolated."] if any(e.rec.extrapolated for e in entries) else []
-    notes += resnet50.shared_diverged_notes(entries, diverged=False)
+    notes += tables.shared_diverged_notes(entries, diverged=False)
     out = [Table.of("resnet50", frame.loc[:, (frame != DASH).any()], notes)]
     fits = [f for row in rows if (f := resnet50.fit_row(row)[0]) is not None]
     return out + ([resnet50.errors_table(fits)] if fits else [])

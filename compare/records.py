@@ -1,21 +1,17 @@
-"""The records a report is made of: read them, check them (compare/checks.py), keep the newest
-per cell, and sort them into comparable groups: one machine group per preset, platform (virtual
-or not) and hardware model, and within it one group per workload.
-
-Everything left out is kept with the reason, so the report can say what it did not show.
-"""
+"""The records a report is made of: read, checked (compare/checks.py), the newest kept per
+cell, and sorted into machine groups (preset, platform, virtual or not, hardware model); what
+is left out keeps its reason."""
 
 from __future__ import annotations
 
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 
 from common import results
 from common.results import Record
-from compare.checks import CEILING, SHARED_DEVICE, positive, problem
+from compare.checks import CEILING, SHARED_DEVICE, parse_time, positive, problem
 
 FRAMEWORK_ORDER = ("torch", "jax", "mxnet")
 STRATEGY_ORDER = {
@@ -36,10 +32,9 @@ def batch_norm(rec: Record) -> str | None:
 
 
 class Entry:
-    """One record, its results file, and its position among the records read (the tie-breaker
-    between equal timestamps), with what the report reads of it worked out once. Every field
-    of a record may be of the wrong type until compare/checks.py has passed it, so nothing here
-    relies on one."""
+    """One record, its file, and its place among the records read (the tie-breaker between
+    equal timestamps), with what the report reads of it worked out once. Any field may be of the
+    wrong type until `problem` has passed it."""
 
     def __init__(self, rec: Record, source: str, order: int):
         self.rec, self.source, self.order = rec, source, order
@@ -49,8 +44,8 @@ class Entry:
         self.tier = (f"+{amp}" if amp and amp != "off" else "") + (
             "+compiled" if extra.get("compiled") is True else ""
         )
-        # BatchNorm over the whole batch of several devices (--sync-bn) computes something else
-        # than each device's share: a row of its own. On one device the two are the same.
+        # BatchNorm over the whole batch of several devices computes something else than each
+        # device's share: a row of its own. On one device the two are the same.
         self.sync_bn = batch_norm(rec) == "sync" and rec.devices != 1
         self.label = str(rec.strategy) + self.tier + ("+sync-bn" if self.sync_bn else "")
         self.cores_per_device = extra.get("cores_per_device")  # None: the devices shared cores
@@ -59,12 +54,9 @@ class Entry:
         self.link_name = link.get("name") if isinstance(link, dict) else None
         self.sweep, self.shares_device = bool(extra.get("sweep")), extra.get(SHARED_DEVICE) is True
         self.ceiling = rec.strategy == CEILING
-        # The epoch whose loss went non-finite: such a record is shown as diverged, not a time.
-        self.diverged = rec.diverged_at_epoch
-        # The timing statistics: `seconds` (resnet50, per repeat) or `sec_per_epoch`.
+        self.diverged = rec.diverged_at_epoch  # the epoch whose loss went non-finite
         self.stats = rec.seconds if rec.workload == "resnet50" else rec.sec_per_epoch
         self.time = parse_time(rec.timestamp)
-        # (preset, platform, virtual, hardware model): the records of one machine group
         self.machine = (rec.preset, rec.platform, bool(rec.virtual), hardware_key(rec))
         # Records of the same cell measure the same thing: the newest one is shown.
         what = (rec.framework, rec.workload, self.label, rec.devices, rec.split_size, self.sweep)
@@ -91,14 +83,6 @@ class Entry:
             f"{r.devices} device(s){shared}, {platform_text(r.platform, r.virtual)}, "
             f"preset {r.preset}, {r.timestamp or 'no timestamp'} ({self.source})"
         )
-
-
-def parse_time(text) -> datetime:
-    try:
-        t = datetime.fromisoformat(text)
-    except (TypeError, ValueError):
-        return datetime.min.replace(tzinfo=timezone.utc)
-    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
 
 
 @dataclass(frozen=True)
@@ -141,9 +125,7 @@ def hardware_text(key: tuple, devices: int, virtual: bool) -> str:
     _, cpu, cores, isa_name = key
     cpu = f"{cpu}, {isa_name}" if isa_name else cpu
     where = f"{cores} CPU cores ({cpu})" if cores else cpu
-    if not virtual:
-        return where
-    return f"{devices} virtual device{'s' if devices != 1 else ''} on {where}"
+    return f"{devices} virtual device{'s' if devices != 1 else ''} on {where}" if virtual else where
 
 
 @dataclass
@@ -158,23 +140,14 @@ class Machine:
     preset = property(lambda self: self.key[0])
     platform = property(lambda self: self.key[1])
     virtual = property(lambda self: self.key[2])
-
-    @property
-    def hardware(self) -> str:
-        return hardware_text(self.key[3], max(e.rec.devices for e in self.entries), self.virtual)
-
-    @property
-    def title(self) -> str:
-        return f"{self.hardware}, preset {self.preset}"
+    devices = property(lambda self: max(e.rec.devices for e in self.entries))
+    hardware = property(lambda self: hardware_text(self.key[3], self.devices, self.virtual))
+    title = property(lambda self: f"{self.hardware}, preset {self.preset}")
+    # The runs of the cluster in one box (extra.nodes), of every workload: a section of their own.
+    cluster = property(lambda self: [e for e in self.entries if e.nodes is not None])
 
     def workload(self, name: str) -> list[Entry]:
-        """The records of one workload, but for the cluster's runs (a section of their own)."""
         return [e for e in self.entries if e.rec.workload == name and e.nodes is None]
-
-    @property
-    def cluster(self) -> list[Entry]:
-        """The runs of the cluster in one box (extra.nodes), of every workload."""
-        return [e for e in self.entries if e.nodes is not None]
 
 
 def read(paths, warnings: list[str]) -> list[Entry]:
@@ -194,9 +167,8 @@ def read(paths, warnings: list[str]) -> list[Entry]:
 
 
 def check(entries: list[Entry]) -> tuple[list[Entry], list[LeftOut]]:
-    reasons = [problem(e.rec) for e in entries]
-    bad = [LeftOut(e, why) for e, why in zip(entries, reasons, strict=True) if why is not None]
-    return [e for e, why in zip(entries, reasons, strict=True) if why is None], bad
+    reasons = [(e, problem(e.rec)) for e in entries]
+    return [e for e, why in reasons if why is None], [LeftOut(e, y) for e, y in reasons if y]
 
 
 def newest(entries: list[Entry]) -> tuple[list[Entry], list[LeftOut]]:
@@ -212,12 +184,10 @@ def newest(entries: list[Entry]) -> tuple[list[Entry], list[LeftOut]]:
     return sorted(kept, key=lambda e: e.order), older
 
 
-def machines(
-    entries: list[Entry], preset: str | None = None, platform: str | None = None
-) -> tuple[list[Machine], list[LeftOut]]:
+def machines(entries: list[Entry], preset=None, platform=None) -> tuple[list[Machine], list]:
     """The machine groups, in the order their first records were read; records of another
-    preset or platform than the one asked for are left out, with the reason. Ceiling records
-    join the group of their machine, apart from its training records (left out without one)."""
+    preset or platform than asked for are left out. Ceiling records join their machine's group
+    apart from its training records (left out without one)."""
     asked = [x for x in (preset and f"preset {preset}", platform and f"platform {platform}") if x]
     left, groups, ceilings = [], {}, []
     for e in sorted(entries, key=lambda e: e.order):

@@ -1,10 +1,7 @@
-"""A report as a list of blocks, written out as Markdown, as one self-contained HTML page (jinja2,
-autoescaped; images embedded as base64), or as plain text for the terminal (tables by tabulate).
-
-Text may quote records (CPU names, strategies, file names), which anyone can edit: Markdown
-escapes what would make them markup (raw HTML, links, line breaks that start new blocks) outside
-the report's own `code` spans, HTML escapes everything, and the terminal gets no control
-characters."""
+"""A report as a list of blocks, written as Markdown, as one self-contained HTML page (jinja2,
+autoescaped, images inline) or as terminal text (tabulate), and put in place whole or not at all.
+Text may quote records, which anyone can edit: Markdown escapes what would be markup outside the
+report's own `code` spans, HTML escapes everything, the terminal gets no control characters."""
 
 from __future__ import annotations
 
@@ -29,10 +26,9 @@ from compare.tables import Table
 
 # A code span of the report's own (`make compare`): Markdown shows it as it is, so it is left so.
 CODE_SPAN = re.compile(r"`[^`\x00-\x1f\x7f\u2028\u2029]+`")
-# Outside code spans: what could start markup (HTML, a link or image, an escape, a code span,
-# an entity, GitHub's math) gets a backslash or becomes an entity; line breaks and other control
-# characters become spaces, so no text can start a block (a heading, a list) of its own. (`>`
-# ends a tag that `<` can no longer open, and quotes only at a line's start.)
+# Outside code spans what could start markup (HTML, a link, an escape, a code span, an entity,
+# math) is escaped, and control characters become spaces, so no text starts a block of its own.
+# (`>` ends a tag `<` can no longer open, and quotes only at a line's start.)
 MARKUP = str.maketrans(
     {"\\": "\\\\", "`": "\\`", "[": "\\[", "]": "\\]", "$": "\\$", "<": "&lt;", "&": "&amp;"}
 )
@@ -74,7 +70,7 @@ figcaption{font-style:italic}code{background:#f3f3f3}
 
 
 def inline(text: str) -> markupsafe.Markup:
-    """Markdown `code` and **bold** as HTML; everything else escaped."""
+    """Markdown `code` and **bold** as HTML, everything else escaped."""
     text = str(markupsafe.escape(text))
     text = re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
     return markupsafe.Markup(re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", text))
@@ -132,8 +128,7 @@ def relative(path: Path, base: Path) -> str:
 
 
 def escape(text: str) -> str:
-    """`text` as Markdown shows it literally: escaped outside its `code` spans, which Markdown
-    shows literally anyway."""
+    """`text` as Markdown shows it literally: escaped outside its `code` spans."""
     out, at = [], 0
     for span in CODE_SPAN.finditer(text):
         out += [CONTROL.sub(" ", text[at : span.start()]).translate(MARKUP), span.group()]
@@ -153,14 +148,12 @@ def markdown_table(t: Table, notes: bool = True) -> str:
 
 
 def quoted(notes: list[str]) -> str:
-    """Notes as quoted lines; one opening with "* " (the extrapolated mark) would be a list
-    item, so its star is escaped."""
+    """Notes as quoted lines; a leading "* " (the extrapolated mark) is escaped, not a list."""
     notes = ("\\" + n if n.startswith("* ") else n for n in map(escape, notes))
     return "\n".join(f"> {note}  " for note in notes)
 
 
 def text_table(t: Table) -> str:
-    """A plain aligned table for the terminal."""
     rows = [[plain(c) for c in row] for row in t.rows]
     text = tabulate(rows, [plain(h) for h in t.headers], disable_numparse=True)
     return "\n".join(line.rstrip() for line in text.splitlines())
@@ -168,9 +161,8 @@ def text_table(t: Table) -> str:
 
 @contextmanager
 def staged(out: Path) -> Iterator[Path]:
-    """A new folder in `out` to write the report into; once the body has written it all, its
-    files are moved over the previous report's, report.md last. On any failure it is removed
-    and the previous report stays as it was."""
+    """A new folder in `out` to write the report into; its files are moved over the previous
+    report's once all are written. On any failure it is removed and the previous report stays."""
     made = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     for stage in out.glob(".report-*"):  # of reports killed outright (SIGKILL), once gone
@@ -191,8 +183,8 @@ def staged(out: Path) -> Iterator[Path]:
 
 
 def publish(stage: Path, out: Path) -> None:
-    """Move every file of `stage` to the same place in `out`: the plots, then report.html, then
-    report.md, so that a report never names a plot not yet in place. A rename needs no space."""
+    """Move every file of `stage` to `out` (a rename needs no space): report.html and then
+    report.md last, so that a report never names a plot not yet in place."""
     files = sorted(
         (p for p in stage.rglob("*") if p.is_file()),
         key=lambda p: (p.name == "report.md", p.name == "report.html", str(p)),
@@ -214,8 +206,8 @@ def write(doc: Doc, out: Path, html_title: str | None = None) -> list[Path]:
 
 @contextmanager
 def literal_plot_text() -> Iterator[None]:
-    """matplotlib draws every text as written: a `$` in a record's name (a CPU's, a strategy's)
-    would otherwise start mathtext, whose parser fails on what is not TeX (`$\\foo$`)."""
+    """matplotlib draws every text as written: a `$` in a record's name would start mathtext,
+    whose parser fails on what is not TeX (`$\\foo$`)."""
     import matplotlib
 
     with matplotlib.rc_context({"text.parse_math": False, "text.usetex": False}):
@@ -241,19 +233,16 @@ def check_out(out: Path) -> None:
 
 
 def unchanged(out: Path | None) -> str:
-    """Said when a report is refused: the previous one in `out` was not overwritten."""
+    """Said when a report is refused: the previous one in `out` is left as it was."""
     md = out / "report.md" if out is not None else None
     return f"; {md} left as it was" if md is not None and md.exists() else ""
 
 
 def not_written(out: Path, e: OSError) -> str:
     """One line: why the report could not be written, what was kept, and what to do."""
+    kept, why = unchanged(out), e.strerror or e
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
         return (
-            f"no space left on device writing the report into {out}{unchanged(out)}; "
-            "free space and run again"
+            f"no space left on device writing the report into {out}{kept}; free space and run again"
         )
-    return (
-        f"cannot write the report into {out} ({e.strerror or e}){unchanged(out)}; "
-        "choose another --out (REPORTS=)"
-    )
+    return f"cannot write the report into {out} ({why}){kept}; choose another --out (REPORTS=)"

@@ -15,14 +15,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from common import config, devices, signals
-from compare import ceiling, records, render, resnet50, scaling_report, summary, tables
+from compare import records, render, resnet50, scaling_report, summary, tables
 from compare.checks import WORKLOADS
 from compare.records import Entry, LeftOut, Machine
-from compare.render import Doc, check_out, not_written, unchanged
+from compare.render import Doc, check_out  # check_out: compare.run's too
 from compare.tables import Table
 
-EXIT_NO_RESULTS = 1
-EXIT_BAD_INPUT = 2
+EXIT_NO_RESULTS, EXIT_BAD_INPUT = 1, 2
 MAX_WARNINGS_SHOWN = 10
 HEADINGS = {
     "lenet": "lenet: data parallel from scratch (d2l 13.5)",
@@ -30,23 +29,24 @@ HEADINGS = {
     "resnet50": "resnet50: model parallel and pipelined (PyTorch tutorial)",
 }
 TITLE = "Multi-device training side by side: PyTorch, JAX, MXNet"
+THROUGHPUT = "Throughput: TFLOP/s and % of peak"
 
 
-def parser() -> argparse.ArgumentParser:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m compare.report", description=__doc__.split("\n")[2])
-    default = "results file(s) (default: results/results.jsonl)"
-    p.add_argument("--results", nargs="+", action="extend", help=default)
+    p.add_argument(
+        "--results",
+        nargs="+",
+        action="extend",
+        help="results file(s) (default: results/results.jsonl)",
+    )
     p.add_argument("--out", default="reports", help="directory for report.md and plots")
     p.add_argument("--html", action="store_true", help="also write a self-contained report.html")
     # choices: a typo (`--preset smok`) is an error, not an empty report
     every = "show only this {} (default{}: every one)"
     p.add_argument("--preset", choices=config.PRESETS, help=every.format("preset", ""))
     p.add_argument("--platform", choices=devices.PLATFORMS, help=every.format("platform", " auto"))
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    args = p.parse_args(argv)
     platform = None if args.platform in (None, "auto") else args.platform
     try:
         check_out(Path(args.out))  # before any work, not after the plots
@@ -74,27 +74,27 @@ class Loaded:
 
 
 def load(paths, preset=None, platform=None, out: Path | None = None) -> Loaded | None:
-    """Every record of `paths`, sorted into machine groups; None (and one line on stderr) when
-    nothing can be shown: then nothing is written, and a report already in `out` stays."""
+    """Every record of `paths` in machine groups; None (and one line on stderr) when nothing
+    can be shown: then nothing is written, and a report already in `out` stays."""
     warnings: list[str] = []
     entries = records.read(paths, warnings)
     valid, invalid = records.check(entries)
     kept, superseded = records.newest(valid)
     machines, left = records.machines(kept, preset, platform)
+    if machines:
+        return Loaded(entries, warnings, invalid, superseded, left, machines, kept)
     files = ", ".join(map(str, paths))
     unasked = [x for x in left if x.reason != records.NO_TRAINING]
-    if not machines and unasked:
+    if unasked:
         asked = unasked[0].reason.removeprefix("not ")
         there = sorted({f"preset {x.entry.rec.preset} on {x.entry.rec.platform}" for x in unasked})
         why = f"none of the {len(unasked)} usable record(s) in {files} is {asked} (there are: "
         why += f"{'; '.join(there)}); choose one of those"
-    elif not machines:
+    else:
         problems = warnings + [f"{x.entry.describe()}: {x.reason}" for x in invalid + left]
         first = f"{len(problems)} problem(s); first: {problems[0]}" if problems else "no records"
         why = f"no usable results in {files} ({first}); run `make compare` or `make bench` first"
-    else:
-        return Loaded(entries, warnings, invalid, superseded, left, machines, kept)
-    print(f"error: {why}{unchanged(out)}", file=sys.stderr)
+    print(f"error: {why}{render.unchanged(out)}", file=sys.stderr)
     return None
 
 
@@ -114,7 +114,7 @@ def build(paths, out, write_html=False, preset=None, platform=None, echo=print, 
             report.compose(paths, notes)
             written = render.write(report.doc, stage, TITLE if write_html else None)
     except OSError as e:
-        print(f"error: {not_written(out, e)}", file=sys.stderr)
+        print(f"error: {render.not_written(out, e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     for title, table in report.terminal:
         echo(f"\n{title}")
@@ -134,8 +134,8 @@ def build(paths, out, write_html=False, preset=None, platform=None, echo=print, 
 
 @dataclass
 class Report:
-    """The report's document, composed section by section, its plots drawn into `out`, and
-    the tables the terminal shows once it is written."""
+    """The document, composed section by section, its plots drawn into `out`, and the tables
+    the terminal shows once it is written."""
 
     doc: Doc
     out: Path
@@ -166,7 +166,6 @@ class Report:
         self.left_out()
 
     def machine(self, m: Machine) -> None:
-        """A machine group's heading, then every workload's tables and plots."""
         self.doc.heading(2, m.title)
         sources = ", ".join(f"`{s}`" for s in sorted({e.source for e in m.entries}))
         self.doc.para(
@@ -183,18 +182,24 @@ class Report:
             else:
                 self.data_parallel(m, workload, entries)
         if m.cluster:
-            scaling_report.section(self.doc, m.cluster, self.data.kept, self.nodes_plot(m))
 
-    def figure(self, m: Machine, draw, file: str, what: str, used: list[Entry], *args) -> None:
-        """A plot of the group (none where `draw` finds nothing to draw), with its caption:
-        what, where, environments."""
-        path = draw(self.out / m.slug / file, f"{what}\n{m.title}", *args)
+            def draw(workload: str, lines, used: list[Entry]) -> None:
+                what = f"{workload}: seconds per step against the link's rate, dashed: the model"
+                self.figure(m, "nodes", f"{workload}_nodes.png", what, used, lines)
+
+            scaling_report.section(self.doc, m.cluster, self.data.kept, draw)
+
+    def figure(self, m: Machine, plot: str, file: str, what: str, used: list[Entry], *args) -> None:
+        """A plot of the group (none where there is nothing to draw), with its caption."""
+        from compare import plots  # matplotlib only when a report is drawn
+
+        path = getattr(plots, plot)(self.out / m.slug / file, f"{what}\n{m.title}", *args)
         if path is not None:
             self.plots += 1
             envs = tables.env_cell(used, self.envs)
             self.doc.image(path, f"{what}; {m.title}. Environment: {envs}.")
 
-    def table(self, heading: str, table: Table | None, text: str | None = None) -> None:
+    def table(self, heading: str, table: Table | str | None, text: str | None = None) -> None:
         """A table of its own under a heading (and a paragraph), where there is one."""
         if table is not None:
             self.doc.heading(4, heading)
@@ -206,19 +211,18 @@ class Report:
         rows = tables.dp_rows(entries)
         self.doc.table(tables.dp_table(workload, rows, self.envs))
         self.terminal.append((f"{workload} on {render.plain(m.title)}", tables.dp_terminal(rows)))
-        found = ceiling.ceiling_table(workload, entries, m.ceilings, self.envs)
-        self.table("Training loop vs its framework's ceiling", found, ceiling.EXPLANATION)
-        self.table("Throughput: TFLOP/s and % of peak", summary.flops_table(workload, entries))
+        found = tables.ceiling_table(workload, entries, m.ceilings, self.envs)
+        self.table("Training loop vs its framework's ceiling", found, tables.CEILING_EXPLANATION)
+        self.table(THROUGHPUT, summary.flops_table(workload, entries))
         extras = tables.extras_table(f"{workload} memory and utilisation", rows)
         self.table("Memory and utilisation", extras)
-        marks = ceiling.sec_per_epoch(entries, m.ceilings, workload)
+        marks = tables.ceiling_marks(entries, m.ceilings, workload)
         what = f"{workload}: sec/epoch, median ± std" + (", black line: ceiling" if marks else "")
-        file = f"{workload}_sec_per_epoch.png"
-        self.figure(m, plots().sec_bars, file, what, entries, rows, marks)
+        self.figure(m, "sec_bars", f"{workload}_sec_per_epoch.png", what, entries, rows, marks)
         what = f"{workload}: speedup vs 1 device, ideal dashed"
-        self.figure(m, plots().scaling, f"{workload}_scaling.png", what, entries, rows)
+        self.figure(m, "scaling", f"{workload}_scaling.png", what, entries, rows)
         what = f"{workload}: test accuracy per epoch"
-        self.figure(m, plots().accuracy, f"{workload}_accuracy.png", what, entries, rows)
+        self.figure(m, "accuracy", f"{workload}_accuracy.png", what, entries, rows)
 
     def resnet50(self, m: Machine, entries: list[Entry]) -> None:
         rows, left = resnet50.rows_of(entries)
@@ -229,17 +233,15 @@ class Report:
         terminal = Table("terminal", [table.headers[i] for i in keep], cut)
         self.terminal.append((f"resnet50 on {render.plain(m.title)}", terminal))
         shown = [e for row in rows for e in row.entries()]
-        self.table("Throughput: TFLOP/s and % of peak", summary.flops_table("resnet50", shown))
+        self.table(THROUGHPUT, summary.flops_table("resnet50", shown))
         what = "resnet50: seconds per timed repeat"
-        self.figure(m, plots().r50_bars, "resnet50_strategies.png", what, shown, rows)
+        self.figure(m, "r50_bars", "resnet50_strategies.png", what, shown, rows)
         what = "resnet50: the split_size tradeoff"
-        self.figure(m, plots().sweep, "resnet50_split_size.png", what, shown, rows)
+        self.figure(m, "sweep", "resnet50_split_size.png", what, shown, rows)
         if any(row.sweep for row in rows):
             self.models(m, rows)
-        if (bubble := resnet50.bubble_table(entries)) is not None:
-            self.doc.heading(4, "The pipeline's bubble, swept")
-            self.doc.para(resnet50.BUBBLE_EXPLANATION)
-            self.doc.table(bubble)
+        bubble = resnet50.bubble_table(entries)
+        self.table("The pipeline's bubble, swept", bubble, resnet50.BUBBLE_EXPLANATION)
 
     def models(self, m: Machine, rows: list[resnet50.R50Row]) -> None:
         doc = self.doc
@@ -265,16 +267,7 @@ class Report:
         if any(f.selection.chosen == "pipelined" for f in fits):
             what += ", projected to " + " and ".join(map(str, stages)) + " stages (not measured)"
         used = [e for f in fits for e in f.row.sweep.values()]
-        self.figure(m, plots().model_plot, "resnet50_sweep_models.png", what, used, fits, stages)
-
-    def nodes_plot(self, m: Machine):
-        """The cluster's plot of one workload (scaling_report.section draws it after its table)."""
-
-        def draw(workload: str, lines, used: list[Entry]) -> None:
-            what = f"{workload}: seconds per step against the link's rate, dashed: the model"
-            self.figure(m, plots().nodes, f"{workload}_nodes.png", what, used, lines)
-
-        return draw
+        self.figure(m, "model_plot", "resnet50_sweep_models.png", what, used, fits, stages)
 
     def environments(self) -> None:
         self.doc.heading(2, "Environment")
@@ -283,8 +276,9 @@ class Report:
             what = f"{e.rec.framework} {e.rec.workload}"
             used.setdefault(records.environment_text(e.rec), set()).add(what)
         body = [[label, text, ", ".join(sorted(used[text]))] for text, label in self.envs.items()]
-        headers = ["env", "hardware; versions; commit", "used by"]
-        self.doc.table(Table("environments", headers, body))
+        self.doc.table(
+            Table("environments", ["env", "hardware; versions; commit", "used by"], body)
+        )
 
     def left_out(self) -> None:
         doc, data = self.doc, self.data
@@ -299,17 +293,12 @@ class Report:
         ):
             if items:
                 doc.heading(3, heading)
-                said = (
-                    x if isinstance(x, str) else f"{x.entry.describe()}: {x.reason}" for x in items
+                doc.items(
+                    [
+                        x if isinstance(x, str) else f"{x.entry.describe()}: {x.reason}"
+                        for x in items
+                    ]
                 )
-                doc.items(list(said))
-
-
-def plots():
-    """matplotlib is imported only when a report is drawn."""
-    from compare import plots as module
-
-    return module
 
 
 if __name__ == "__main__":

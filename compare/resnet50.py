@@ -1,7 +1,6 @@
-"""resnet50's tables: single / model_parallel / pipeline / best split of the sweep / gpipe / 1f1b
-seconds per framework, and the split_size sweep against the two timing models of
-compare/pipeline_model.py: both fits, their errors on held-out split sizes, the model the data
-supports (if any), and that model's projection to more stages."""
+"""resnet50's tables: the seconds of every strategy per framework, the split_size sweep against
+the two timing models of compare/pipeline_model.py (fits, held-out errors, the model the data
+supports and its projection to more stages), and the pipeline's bubble."""
 
 from __future__ import annotations
 
@@ -9,22 +8,10 @@ import statistics
 from dataclasses import dataclass
 
 from compare import pipeline_model as pm
+from compare import tables
 from compare.checks import positive
 from compare.records import Entry, LeftOut, platform_text, rank
-from compare.tables import (
-    DASH,
-    DIVERGED_NOTE,
-    SHARED,
-    STAR,
-    Table,
-    decimals,
-    env_cell,
-    fmt_diverged,
-    fmt_speedup,
-    fmt_stats,
-    shared_note,
-    time_cell,
-)
+from compare.tables import DASH, SHARED, STAR, Table, decimals, fmt_stats, time_cell
 
 PROJECTED_STAGES = (4, 8)
 STRATEGIES = ("single", "model_parallel", "pipeline", "best split", "gpipe", "1f1b")
@@ -41,6 +28,14 @@ EXPLANATION = (
     "**Projections** to more stages come from the model used only (same total stage work and "
     "imbalance, same overhead): they are not measured."
 )
+BUBBLE_EXPLANATION = (
+    "torch's pipelining engine (`gpipe`, `1f1b`: a process per stage, a core each) at m "
+    "micro-batches: each stage's **measured** busy share of the timed repeats (its CPU time over "
+    "the time), beside **balanced** 1 - (p - 1) / (m + p - 1) and **with imbalance**: the stages' "
+    "micro-batch times in the ratio of their busy shares at m = 1 (one micro-batch: the stages "
+    "take turns), a batch taking the first micro-batch through every stage and m - 1 more slots "
+    "of the slowest, stage s busy m t_s of it. Both are predictions, not measurements."
+)
 
 
 @dataclass
@@ -53,11 +48,10 @@ class R50Row:
     sweep: dict[int, Entry]  # split size -> record
 
     def best(self) -> Entry | None:
-        """The fastest point of the sweep."""
         return min(self.sweep.values(), key=lambda e: (e.median, e.rec.split_size), default=None)
 
     def get(self, name: str) -> Entry | None:
-        """A strategy's record, or the best point of the sweep for `best split`."""
+        """A strategy's record, or the fastest point of the sweep for `best split`."""
         return self.best() if name == "best split" else self.runs.get(name)
 
     def entries(self) -> list[Entry]:
@@ -71,8 +65,8 @@ class R50Row:
 
 
 def rows_of(entries: list[Entry]) -> tuple[list[R50Row], list[LeftOut]]:
-    """One row per framework (and precision); where several records would fill one cell
-    (other device counts or split sizes), the newest is shown and the others left out."""
+    """A row per framework (and precision); where several records would fill one cell (other
+    device counts or split sizes), the newest is shown and the others left out."""
     left: list[LeftOut] = []
     rows: dict[str, R50Row] = {}
     sweep_devices: dict[str, int] = {}
@@ -81,7 +75,7 @@ def rows_of(entries: list[Entry]) -> tuple[list[R50Row], list[LeftOut]]:
         row = rows.setdefault(key, R50Row(key, r.platform, r.virtual, r.preset, {}, {}))
         shown = row.runs.get(r.strategy)
         if e.sweep and e.diverged:  # a sweep point without a time: nothing to fit or plot
-            left.append(LeftOut(e, fmt_diverged(e)))
+            left.append(LeftOut(e, tables.fmt_diverged(e)))
         elif e.sweep and sweep_devices.setdefault(key, r.devices) != r.devices:
             n = sweep_devices[key]
             left.append(LeftOut(e, f"the table shows the newer sweep on {n} device(s)"))
@@ -116,10 +110,10 @@ def table(title: str, rows: list[R50Row], envs: dict[str, str]) -> Table:
         cells += [", ".join(map(str, devices)) or DASH, *(cell(row.get(s)) for s in STRATEGIES[:3])]
         cells += [cell(best, split=False), DASH if best is None else str(best.rec.split_size)]
         cells += [cell(row.get(s)) for s in STRATEGIES[4:]]
-        cells += [
-            fmt_speedup(row.versus_single(row.get(s))) for s in ("model_parallel", "best split")
-        ]
-        body.append([*cells, env_cell(row.entries(), envs)])
+        versus = (row.versus_single(row.get(s)) for s in ("model_parallel", "best split"))
+        body.append(
+            [*cells, *map(tables.fmt_speedup, versus), tables.env_cell(row.entries(), envs)]
+        )
     notes = [
         "seconds: one timed repeat of the preset's num_batches training steps, median ± sample "
         "standard deviation over n repeats; `vs single` = single seconds / that column's seconds.",
@@ -128,17 +122,7 @@ def table(title: str, rows: list[R50Row], envs: dict[str, str]) -> Table:
     entries = [e for row in rows for e in row.entries()]
     if any(e.rec.extrapolated for e in entries):
         notes.append(f"{STAR} extrapolated: projected from fewer steps than measured.")
-    return Table(title, headers, body, notes + shared_diverged_notes(entries))
-
-
-def shared_diverged_notes(entries: list[Entry], diverged: bool = True) -> list[str]:
-    """The notes of the `†` mark and of diverged runs, where `entries` show them."""
-    shared = [e for e in entries if e.shares_device]
-    notes = [f"{SHARED} {shared_note(shared[0].rec.platform)}."] if shared else []
-    return notes + ([DIVERGED_NOTE] if diverged and any(e.diverged for e in entries) else [])
-
-
-# --- the sweep against the timing models ---------------------------------------------------
+    return Table(title, headers, body, notes + tables.shared_diverged_notes(entries))
 
 
 @dataclass
@@ -150,20 +134,14 @@ class RowFit:
     selection: pm.Selection
 
 
-def stage_seconds(e: Entry | None) -> list[float] | None:
-    value = None if e is None else e.extra.get("stage_seconds")
-    if isinstance(value, list) and len(value) >= 2 and all(map(positive, value)):
-        return [float(t) for t in value]
-    return None
-
-
 def median_stages(row: R50Row) -> tuple[list[float], int] | None:
     """The median of every stage's time over the sweep's records (else the pipeline and
     model_parallel ones), among those with as many stages as the first."""
     sweep = [row.sweep[k] for k in sorted(row.sweep)]
     for candidates in (sweep, [row.runs.get("pipeline"), row.runs.get("model_parallel")]):
-        found = [t for e in candidates if (t := stage_seconds(e))]
-        same = [t for t in found if len(t) == len(found[0])] if found else []
+        found = [e.extra.get("stage_seconds") for e in candidates if e is not None]
+        found = [t for t in found if isinstance(t, list) and len(t) >= 2 and all(map(positive, t))]
+        same = [list(map(float, t)) for t in found if len(t) == len(found[0])] if found else []
         if same:
             return [statistics.median(ts) for ts in zip(*same, strict=True)], len(same)
     return None
@@ -227,7 +205,7 @@ def describe(f: RowFit) -> str:
         f"{f.stage_records} record(s)); {len(f.measured)} split sizes, batch {e.rec.batch_size}"
         + (f", num_batches {batches}" if batches else "")
         + f". {'; '.join(fits)}. Model used: {verdict(f)}."
-        + (f" Here {shared_note(f.row.platform)}." if shared else "")
+        + (f" Here {tables.shared_note(f.row.platform)}." if shared else "")
     )
 
 
@@ -246,17 +224,14 @@ def model_table(f: RowFit) -> Table:
         cells = [str(split), str(m), f"{100 * bubble:.0f}%", fmt_stats(e.stats, e.rec.extrapolated)]
         for fit in (f.selection.fits[k] for k in kinds):
             t, err = fit.model.predict(split), fit.held_out.get(split)
-            # + 0.0: no "-0.0%"
-            cells += [
-                f"{t:.{decimals(t)}f} s",
-                DASH if err is None else f"{round(100 * err, 1) + 0.0:+.1f}%",
-            ]
+            held = DASH if err is None else f"{round(100 * err, 1) + 0.0:+.1f}%"  # + 0.0: no -0.0
+            cells += [f"{t:.{decimals(t)}f} s", held]
         body.append(cells)
     return Table(f"{f.row.framework} models", headers, body)
 
 
 def errors_table(fits: list[RowFit]) -> Table:
-    """One line per framework: both models' held-out errors and the verdict."""
+    """A line per framework: both models' held-out errors and the verdict."""
     headers = ["resnet50 sweep", "pipelined: held-out error", "serial: held-out error"]
     body = [
         [f.row.framework, *(fmt_error(f.selection.fits.get(k)) for k in (pm.PIPELINED, pm.SERIAL))]
@@ -296,18 +271,8 @@ def projection(f: RowFit) -> Table | str | None:
     return Table(f"{f.row.framework} projection", headers, body, [note])
 
 
-BUBBLE_EXPLANATION = (
-    "torch's pipelining engine (`gpipe`, `1f1b`: a process per stage, a core each) at m "
-    "micro-batches: each stage's **measured** busy share of the timed repeats (its CPU time over "
-    "the time), beside **balanced** 1 - (p - 1) / (m + p - 1) and **with imbalance**: the stages' "
-    "micro-batch times in the ratio of their busy shares at m = 1 (one micro-batch: the stages "
-    "take turns), a batch taking the first micro-batch through every stage and m - 1 more slots "
-    "of the slowest, stage s busy m t_s of it. Both are predictions, not measurements."
-)
-
-
 def bubble_table(entries: list[Entry]) -> Table | None:
-    """gpipe and 1f1b records that carry their stages' busy shares, one row per strategy and
+    """gpipe and 1f1b records that carry their stages' busy shares, a row per strategy and
     micro-batch count (the newest), against the two formulas; None without two counts."""
     runs: dict[tuple[str, int], Entry] = {}
     for e in sorted(entries, key=lambda e: (e.time, e.order)):
@@ -321,29 +286,10 @@ def bubble_table(entries: list[Entry]) -> Table | None:
     body = []
     for (strategy, m), e in sorted(runs.items()):
         busy = e.extra["stage_busy"]
-        p = len(busy)
-        shown = [f"{b:.2f}" for b in busy]
-        imbalanced = (
-            DASH if work is None else " / ".join(f"{b:.2f}" for b in pm.busy_fractions(m, work))
-        )
-        body.append(
-            [
-                strategy,
-                str(m),
-                str(e.rec.split_size),
-                " / ".join(shown),
-                imbalanced,
-                f"{1 - pm.bubble_fraction(m, p):.2f}",
-                cell(e, split=False),
-            ]
-        )
-    headers = [
-        "strategy",
-        "micro-batches m",
-        "split size",
-        "measured busy (stage 0 / 1 ...)",
-        "with imbalance",
-        "balanced",
-        "seconds",
-    ]
+        shares = [busy, None if work is None else pm.busy_fractions(m, work)]
+        shown = [DASH if x is None else " / ".join(f"{b:.2f}" for b in x) for x in shares]
+        balanced = f"{1 - pm.bubble_fraction(m, len(busy)):.2f}"
+        body.append([strategy, str(m), str(e.rec.split_size), *shown, balanced, cell(e, False)])
+    headers = ["strategy", "micro-batches m", "split size", "measured busy (stage 0 / 1 ...)"]
+    headers += ["with imbalance", "balanced", "seconds"]
     return Table("resnet50: the pipeline's bubble", headers, body)

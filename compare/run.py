@@ -257,9 +257,10 @@ def main(argv: list[str] | None = None, runner=stream, echo=print) -> int:
     start = time.perf_counter()
     # A SIGTERM (a shell's `timeout` around this command) or a SIGHUP (its terminal closed)
     # ends it as a Ctrl-C does: the run under way is stopped with its workers
-    # (compare/stream.py), not left running on its own.
+    # (compare/stream.py), not left running on its own; and this command killed outright
+    # (SIGKILL) takes the run under way along (signals.launching).
     try:
-        with signals.as_interrupt():
+        with signals.as_interrupt(), signals.launching():
             outcomes = execute(
                 plan, results, Path(args.venv), echo, runner, args.timeout, args.python
             )

@@ -1,7 +1,6 @@
-"""The report's section "Scaling across nodes": per workload, the cluster's runs against their
-engine's 1-node run and the communication model (compare/scaling.py, compare/comm_model.py),
-a plot of the step against the link's rate, and the model's predictions for interconnects the
-project has not been lent, labelled as such."""
+"""The report's section "Scaling across nodes" (compare/scaling.py): per workload, a table of the
+cluster's runs and a plot of the step against the link's rate; then the model's predictions for
+interconnects the project has not been lent, labelled as such."""
 
 from __future__ import annotations
 
@@ -13,22 +12,8 @@ from compare import records
 from compare.checks import WORKLOADS
 from compare.records import Entry
 from compare.render import Doc
-from compare.scaling import (
-    BUCKETED,
-    Cell,
-    Engine,
-    cells_of,
-    choices,
-    engine_of,
-    fmt_bytes,
-    fmt_model,
-    fmt_seconds,
-    layers,
-    link,
-    link_text,
-    step_seconds,
-)
-from compare.tables import DASH, STAR, Table, fmt_efficiency, fmt_speedup, time_cell
+from compare.scaling import Cell, Engine, cells_of, choices, engine_of, exchange, link, step_seconds
+from compare.tables import DASH, STAR, Table, decimals, fmt_efficiency, fmt_speedup, time_cell
 
 HEADING = "Scaling across nodes"
 EXPLANATION = (
@@ -58,8 +43,7 @@ NOTES = [
     f"{cm.MODEL_LIMIT:.0%}: the models that close; model used: the engine's (the one with the "
     "smaller mean error over its runs, where that mean is within the limit).",
 ]
-# Said only where a run of several nodes had one core per node: there the exchange's CPU work
-# cannot run beside the compute, which the overlap column alone would not tell.
+# Where a node has one core, the exchange's CPU work cannot run beside the compute.
 ONE_CORE_NOTE = (
     "On nodes of one core (cores/device 1, one device per node), the kernel's TCP work and the "
     "engine's reduction (gloo's, or ps-lite's servers') run on the node's only core, so "
@@ -92,7 +76,6 @@ def nodes_table(workload: str, cells: list[Cell], chosen: dict[Engine, str | Non
 
 
 def one_core_nodes(c: Cell) -> bool:
-    """A run of several nodes whose every node had a single core (one device of one core)."""
     engine = engine_of(c.entry)
     return c.nodes > 1 and engine.cores == 1 and engine.devices_per_node == 1
 
@@ -100,39 +83,24 @@ def one_core_nodes(c: Cell) -> bool:
 def row(c: Cell, model: str | None) -> list[str]:
     e, s = c.entry, c.speedup()
     star = e.rec.extrapolated or (c.base is not None and c.base.rec.extrapolated)
+    cells = [f"{e.rec.framework} {e.label}", str(e.rec.extra.get("engine") or DASH)]
+    cells += [DASH if e.cores_per_device is None else str(e.cores_per_device), link_text(e)]
+    cells += [str(c.nodes), time_cell(e)]
     several = c.nodes > 1
-    fits = cm.within(c.errors)
-    return [
-        f"{e.rec.framework} {e.label}",
-        str(e.rec.extra.get("engine") or DASH),
-        DASH if e.cores_per_device is None else str(e.cores_per_device),
-        link_text(e),
-        str(c.nodes),
-        time_cell(e),
-        fmt_speedup(s and s[0], star) if several else DASH,
-        fmt_efficiency(s and s[1], star) if several else DASH,
-        fmt_seconds(c.step),
-        fmt_bytes(c.bytes_measured),
-        fmt_bytes(c.bytes_model),
-        fmt_seconds(c.comm),
-        fmt_seconds(c.exposed),
-        fmt_seconds(c.overlap),
-        fmt_model(c, cm.SERIAL),
-        fmt_model(c, cm.OVERLAPPED),
-        (", ".join(fits) or "neither") if c.errors else DASH,
-        used(c, model),
-    ]
-
-
-def used(c: Cell, model: str | None) -> str:
+    cells += [fmt_speedup(s and s[0], star) if several else DASH]
+    cells += [fmt_efficiency(s and s[1], star) if several else DASH, fmt_seconds(c.step)]
+    cells += [fmt_bytes(c.bytes_measured), fmt_bytes(c.bytes_model)]
+    cells += [fmt_seconds(x) for x in (c.comm, c.exposed, c.overlap)]
+    cells += [fmt_model(c, cm.SERIAL), fmt_model(c, cm.OVERLAPPED)]
     if not c.errors:
-        return DASH
-    return f"{model}: {fmt_model(c, model)}" if model else f"neither within {cm.MODEL_LIMIT:.0%}"
+        return [*cells, DASH, DASH]
+    used = f"{model}: {fmt_model(c, model)}" if model else f"neither within {cm.MODEL_LIMIT:.0%}"
+    return [*cells, ", ".join(cm.within(c.errors)) or "neither", used]
 
 
 @dataclass(frozen=True)
 class Line:
-    """One engine on one node count in the plot: its steps against the link's rate."""
+    """One engine on one node count in the plot (plots.nodes): its steps by the link's rate."""
 
     label: str
     framework: str
@@ -143,7 +111,7 @@ class Line:
 
 
 def lines(cells: list[Cell], chosen: dict[Engine, str | None]) -> list[Line]:
-    """The plot's lines: x is the link's rate, or for a link with no rate set (unlimited) the
+    """The plot's lines: x is the link's rate, or for one with no rate set (unlimited) the
     throughput measured over it."""
     groups: dict[tuple, list[Cell]] = {}
     for c in cells:
@@ -152,27 +120,17 @@ def lines(cells: list[Cell], chosen: dict[Engine, str | None]) -> list[Line]:
     out = []
     for (engine, nodes), mine in groups.items():
         mine.sort(key=x_of)
-        model = chosen.get(engine)
-        e = mine[0].entry
-        out.append(
-            Line(
-                f"{e.rec.framework} {e.label}, {nodes} nodes",
-                e.rec.framework,
-                [(x_of(c), c.step) for c in mine],
-                [(x_of(c), c.predicted[model]) for c in mine if model in c.predicted],
-                model,
-                mine[0].compute,
-            )
-        )
+        model, e = chosen.get(engine), mine[0].entry
+        measured = [(x_of(c), c.step) for c in mine]
+        modelled = [(x_of(c), c.predicted[model]) for c in mine if model in c.predicted]
+        label = f"{e.rec.framework} {e.label}, {nodes} nodes"
+        out.append(Line(label, e.rec.framework, measured, modelled, model, mine[0].compute))
     return out
 
 
 def x_of(c: Cell) -> float | None:
     info = link(c.entry)
     return info.get("rate_bps") or info.get("measured_bps")
-
-
-# --- predictions for interconnects not lent ---------------------------------------------------
 
 
 PREDICTIONS_NOTE = (
@@ -183,21 +141,12 @@ PREDICTIONS_NOTE = (
 )
 
 
-def gpu_steps(kept: list[Entry], workload: str) -> list[Entry]:
-    """The 1-GPU records of `workload` with a time, outside the cluster."""
-    return [
-        e
-        for e in kept
-        if e.rec.platform == "gpu" and not e.rec.virtual and e.rec.devices == 1
-        if e.rec.workload == workload and e.nodes is None and step_seconds(e) is not None
-    ]
-
-
 def predictions(kept: list[Entry], cluster: list[Entry], workload: str = "resnet18"):
-    """The predictions table of `workload`, or a line saying why there is none."""
+    """The predictions table of `workload` from the 1-GPU records in `kept`, or why none."""
     grads = [e.rec.extra.get("gradient_bytes") for e in cluster if e.rec.workload == workload]
     grad = next((g for g in grads if g), None)
-    gpus = gpu_steps(kept, workload)
+    gpus = [e for e in kept if e.rec.platform == "gpu" and not e.rec.virtual and e.rec.devices == 1]
+    gpus = [e for e in gpus if e.rec.workload == workload and e.nodes is None and step_seconds(e)]
     if grad is None or not gpus:
         lacking = "gradient_bytes in this section's records" if grad is None else "1-GPU record"
         return f"No predictions for {workload}: no {lacking} of it in the results read."
@@ -213,33 +162,19 @@ def predictions(kept: list[Entry], cluster: list[Entry], workload: str = "resnet
 
 
 def predicted_row(e: Entry, grad: int, name: str, bandwidth: float, n: int) -> list[str]:
-    bucket = cm.DDP_BUCKET_BYTES if (e.rec.framework, e.rec.strategy) in BUCKETED else None
-    comm = cm.comm_time(cm.RING, n, grad, bandwidth, 0.0, cm.pieces(grad, bucket))
-    share = cm.tail_share(grad, bucket, layers(e.rec.workload))
-    tail = cm.comm_time(cm.RING, n, share * grad, bandwidth)
+    comm, tail = exchange(e, cm.RING, n, grad, bandwidth)
     t1 = step_seconds(e)
     serial, overlapped = cm.serial(t1, comm), cm.overlapped(t1, comm, tail)
     gpu = records.hardware_text(records.hardware_key(e.rec), 1, False)
-    return [
-        gpu,
-        f"{e.rec.framework} {e.label}",
-        fmt_seconds(t1),
-        name,
-        str(n),
-        fmt_bytes(cm.link_bytes(cm.RING, n, grad)),
-        fmt_seconds(comm),
-        fmt_seconds(serial),
-        fmt_seconds(overlapped),
-        f"{t1 / serial:.0%} / {t1 / overlapped:.0%}",
-    ]
-
-
-# --- the section ----------------------------------------------------------------------------------
+    cells = [gpu, f"{e.rec.framework} {e.label}", fmt_seconds(t1), name, str(n)]
+    cells += [fmt_bytes(cm.link_bytes(cm.RING, n, grad))]
+    cells += [fmt_seconds(x) for x in (comm, serial, overlapped)]
+    return [*cells, f"{t1 / serial:.0%} / {t1 / overlapped:.0%}"]
 
 
 def by_workload(cluster: list[Entry]):
-    """(workload, its runs, their cells, the model chosen per engine) of each workload that has
-    cluster runs, in WORKLOADS order: what the report and docs/results.md both show."""
+    """(workload, its runs, their cells, the model chosen per engine) of each workload with
+    cluster runs: what the report and docs/results.md both show."""
     for workload in WORKLOADS:
         mine = [e for e in cluster if e.rec.workload == workload]
         if mine:
@@ -247,32 +182,24 @@ def by_workload(cluster: list[Entry]):
             yield workload, mine, cells, choices(cells)
 
 
-def measured_tables(cluster: list[Entry]) -> list[Table]:
-    """The table of each workload's cluster runs, as the section shows them."""
-    return [nodes_table(w, cells, chosen) for w, _, cells, chosen in by_workload(cluster)]
-
-
 def predicted(kept: list[Entry], cluster: list[Entry]) -> list[Table | str]:
-    """Per workload of the cluster's runs, its predictions table or the line saying why none."""
     workloads = sorted({e.rec.workload for e in cluster}, key=WORKLOADS.index)
     return [predictions(kept, cluster, workload) for workload in workloads]
 
 
 def docs_items(cluster: list[Entry], gpus: list[Entry]) -> tuple[list, list[Table | str]]:
-    """What docs/results.md shows of one machine group's cluster runs (compare/readme.py):
-    each workload's title line and table, then the predictions from those of the 1-GPU records
-    `gpus` that ran an engine the cluster ran on several nodes (the same framework and tier), so
-    each prediction's compute is the engine it predicts."""
-    measured = [x for t in measured_tables(cluster) for x in (f"{t.title}:", t)]
+    """What docs/results.md shows of one group's cluster runs (compare/readme.py): each
+    workload's title and table, then the predictions from the 1-GPU records of the engines the
+    cluster ran on several nodes, so each prediction's compute is the engine it predicts."""
+    tables = [nodes_table(w, cells, chosen) for w, _, cells, chosen in by_workload(cluster)]
     engines = {(e.rec.framework, e.label) for e in cluster if e.nodes > 1}
     mine = [e for e in gpus if (e.rec.framework, e.label) in engines]
-    return measured, predicted(mine, cluster)
+    return [x for t in tables for x in (f"{t.title}:", t)], predicted(mine, cluster)
 
 
 def section(doc: Doc, cluster: list[Entry], kept: list[Entry], draw: Callable) -> None:
-    """The section of one machine group's cluster runs; `draw(workload, lines, used)` adds the
-    workload's plot after its table (report.py); `kept`: every record shown in the report, where
-    the predictions find their 1-GPU records."""
+    """The section of one group's cluster runs; `draw(workload, lines, used)` adds a plot after
+    each table; `kept`: every record the report shows, where the predictions find their GPUs."""
     doc.heading(3, HEADING)
     doc.para(EXPLANATION)
     for workload, mine, cells, chosen in by_workload(cluster):
@@ -285,3 +212,45 @@ def section(doc: Doc, cluster: list[Entry], kept: list[Entry], draw: Callable) -
             doc.table(table)
         else:
             doc.para(table)
+
+
+def fmt_seconds(x: float | None) -> str:
+    return DASH if x is None else f"{x:.{decimals(abs(x)) if x else 2}f} s"
+
+
+def fmt_units(x: float, unit: str) -> str:
+    """Decimal prefixes, about three significant digits: `44.7 MB`, `941 Mbit/s`."""
+    for prefix, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if x >= size:
+            return f"{x / size:.{decimals(x / size)}f} {prefix}{unit}"
+    return f"{x:.0f} {unit}"
+
+
+def fmt_bytes(x: float | None) -> str:
+    return DASH if x is None else fmt_units(x, "B")
+
+
+def fmt_bits(x: float | None) -> str:
+    return fmt_units(x, "bit/s") if x else DASH
+
+
+def fmt_model(cell: Cell, model: str | None) -> str:
+    """`0.523 s (+3.2%)`: a model's step and its error against the measured step, to a tenth of
+    a percent below 10%, where a model's fit is judged."""
+    if model is None or model not in cell.predicted:
+        return DASH
+    if (error := cell.errors.get(model)) is None:
+        return fmt_seconds(cell.predicted[model])
+    percent = 100 * error
+    percent = f"{percent:+.1f}%" if abs(percent) < 10 else f"{percent:+.0f}%"
+    return f"{fmt_seconds(cell.predicted[model])} ({percent})"
+
+
+def link_text(e: Entry) -> str:
+    """`1gbit (measured 941 Mbit/s, 52 µs)`; the 1-node run's link carries nothing."""
+    if e.nodes == 1:
+        return f"{e.link_name or DASH} (1 node)"
+    latency = link(e).get("latency_s")
+    said = [f"measured {fmt_bits(link(e).get('measured_bps'))}"]
+    said += [] if latency is None else [f"{latency * 1e6:.0f} µs"]
+    return f"{e.link_name} ({', '.join(said)})"

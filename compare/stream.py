@@ -1,5 +1,5 @@
-"""Run one command, echoing its stdout and stderr line by line as they come, keeping the last
-lines of stderr for the summary, with an optional bound on the wait: `make compare`'s runner."""
+"""`make compare`'s runner: one command, its output echoed line by line as it comes, the last
+lines of stderr kept for the summary, the wait optionally bounded."""
 
 from __future__ import annotations
 
@@ -16,21 +16,11 @@ TAIL_LINES = 15
 
 
 def stream(cmd: list[str], echo, timeout: float | None = None) -> tuple[int, list[str], str]:
-    """Run `cmd`, echoing its output line by line as it comes; (exit code, stderr tail, note)."""
+    """(exit code, stderr tail, note). A session of its own: a terminal's Ctrl-C reaches this
+    process only, which stops the run once (processes.stop), as on a timeout."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    # A session of its own: a terminal's Ctrl-C reaches this process only, which then stops the
-    # run once (processes.stop), as on a timeout, and waits for it to stop its workers.
-    proc = subprocess.Popen(
-        cmd,
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        errors="replace",
-        bufsize=1,
-        start_new_session=True,
-    )
+    pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, bufsize=1, start_new_session=True, **pipes)
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     lock = threading.Lock()
 
@@ -44,8 +34,8 @@ def stream(cmd: list[str], echo, timeout: float | None = None) -> tuple[int, lis
         pipe.close()
 
     threads = [
-        threading.Thread(target=pump, args=(proc.stdout, False), daemon=True),
-        threading.Thread(target=pump, args=(proc.stderr, True), daemon=True),
+        threading.Thread(target=pump, args=a, daemon=True)
+        for a in ((proc.stdout, False), (proc.stderr, True))
     ]
     for t in threads:
         t.start()

@@ -1,6 +1,5 @@
-"""The tables across records: the summary (per workload, framework and strategy, the best time on
-each machine group, side by side, so what other hardware buys is one glance) and throughput in
-FLOPs (what each run achieved against its devices' dense peak, from the record's `flops`)."""
+"""The summary (the best time of each workload, framework and strategy on each machine group,
+side by side) and throughput in FLOPs against the devices' dense peak (the record's `flops`)."""
 
 from __future__ import annotations
 
@@ -8,8 +7,7 @@ import pandas as pd
 
 from compare.checks import WORKLOADS, number
 from compare.records import Entry, Machine, rank
-from compare.resnet50 import shared_diverged_notes
-from compare.tables import DASH, STAR, Table, decimals, fmt_diverged
+from compare.tables import DASH, STAR, Table, decimals, fmt_diverged, shared_diverged_notes
 
 NO_PEAK = "n/a (peak unknown)"
 COMPILED_NOTE = (
@@ -22,7 +20,6 @@ KEY = ["workload", "framework", "strategy"]
 
 
 def where(e: Entry) -> str:
-    """`2 dev, 1 core(s)/dev, split 6`: what a record ran on."""
     text = f"{e.rec.devices} dev"
     if e.cores_per_device is not None:
         text += f", {e.cores_per_device} core(s)/dev"
@@ -38,9 +35,8 @@ def cell(e: Entry) -> str:
 
 
 def summary_table(machines: list[Machine]) -> Table:
-    """The lowest median of each (workload, framework, strategy) on each machine, over device
-    counts and split sizes; a diverged record only where no record of its cell has a time. The
-    cluster's runs are not among them."""
+    """The lowest median of each (workload, framework, strategy) on each machine; a diverged
+    record only where no record of its cell has a time."""
     runs = pd.DataFrame(
         [
             (w, e.rec.framework, e.label, i, e, (WORKLOADS.index(w), *order(e)), best_first(e))
@@ -77,12 +73,11 @@ def order(e: Entry) -> tuple:
 
 
 def best_first(e: Entry) -> tuple:
-    """Timed records before diverged ones, then the lowest median."""
     return (1, 0.0, e.order) if e.diverged else (0, e.median, e.order)
 
 
 def flops_table(workload: str, entries: list[Entry]) -> Table | None:
-    """One row per record shown (resnet50: not the sweep's points); None without records."""
+    """A row per record shown (resnet50: not the sweep's points); None without records."""
     shown = sorted(
         (e for e in entries if not e.sweep), key=lambda e: (*order(e), e.rec.devices, e.order)
     )

@@ -1,17 +1,16 @@
-"""The cells every table shares, and the data-parallel tables (lenet, resnet18): one row per
-framework, strategy and cores per device, the device counts as columns, with test accuracy,
-sec/epoch (median ± std, n), images/s, and speedup and scaling efficiency against the same row's
-1-device time where the runs are alike. Figures projected from fewer steps carry a `*` and a
-note."""
+"""The cells every table shares; the data-parallel tables (lenet, resnet18): a row per framework,
+strategy and cores per device, a column per device count, with speedups only between like runs;
+and each 1-device training loop against its framework's ceiling (common/ceiling.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
 import pandas as pd
 
-from compare.checks import SEQUENTIAL
+from compare.checks import CEILING, SEQUENTIAL, positive
 from compare.records import Entry, environment_text, platform_text, rank
 
 DASH, STAR = "–", "*"
@@ -31,6 +30,20 @@ CORES_NOTE = (
     "cores/device: the CPU cores each device had to itself; shared: every device ran on all of "
     "the process's cores; GPU: a GPU of its own."
 )
+CEILING_EXPLANATION = (
+    "The ceiling (`python -m <framework>_impl.ceiling`, `make ceiling`) is how fast the framework "
+    "itself steps the same model on this machine: the workload module's own model and training "
+    "step in a tight loop on one device, one fixed batch already on the device, the framework's "
+    "barrier only at the end of each timed repeat; no batch indexing, loss bookkeeping, "
+    "evaluation or data-parallel wrapper. Its seconds per step times an epoch's steps is its "
+    "sec/epoch (extrapolated). x ceiling = training sec/epoch (1 device) / ceiling sec/epoch: "
+    "1.00x is a loop as fast as its framework can step; the target on GPUs is at most 1.10x. "
+    "A run with `--ceiling` (as `make compare` runs every 1-device lenet and resnet18 run) times "
+    "one repeat of the ceiling after each of its epochs, in the same process: its x ceiling is "
+    "the median of the epochs' ratios to the repeats beside them, so the drift of a shared "
+    "machine moves both sides of each ratio alike."
+)
+SAME_RUN = "same_run"  # in a ceiling Entry made from a training record's extra.ceiling
 
 
 @dataclass
@@ -48,6 +61,13 @@ class Table:
 def shared_note(platform: str) -> str:
     device = "GPU" if platform == "gpu" else "device"
     return f"stages share one {device}: measures per-micro-batch overhead, not overlap"
+
+
+def shared_diverged_notes(entries: list[Entry], diverged: bool = True) -> list[str]:
+    """The notes of the `†` mark and of diverged runs, where `entries` show them."""
+    shared = [e for e in entries if e.shares_device]
+    notes = [f"{SHARED} {shared_note(shared[0].rec.platform)}."] if shared else []
+    return notes + ([DIVERGED_NOTE] if diverged and any(e.diverged for e in entries) else [])
 
 
 def decimals(x: float) -> int:
@@ -69,25 +89,15 @@ def fmt_diverged(e: Entry) -> str:
 
 
 def time_cell(e: Entry | None) -> str:
-    """A record's time (median ± std, n), `diverged at epoch N`, or a dash for no record."""
     if e is None:
         return DASH
     return fmt_diverged(e) if e.diverged else fmt_stats(e.stats, e.rec.extrapolated)
-
-
-def acc_of(e: Entry | None) -> float | None:
-    """The test accuracy worth showing: none for a run that diverged."""
-    return None if e is None or e.diverged else e.rec.test_acc
 
 
 def fmt_rate(x: float | None, star: bool = False) -> str:
     if x is None:
         return DASH
     return (f"{x:,.0f}" if x >= 100 else f"{x:.{decimals(x)}f}") + (STAR if star else "")
-
-
-def fmt_acc(x: float | None) -> str:
-    return DASH if x is None else f"{x:.3f}"
 
 
 def fmt_speedup(x: float | None, star: bool = False) -> str:
@@ -126,9 +136,8 @@ class DpRow:
         return (self.platform == "gpu" and not self.virtual) or self.cores is not None
 
     def unlike(self, n: int) -> str | None:
-        """Why the n-device time is no speedup over this row's 1-device time: OVERHEADS (the
-        devices shared the process's cores) or SEQUENTIAL (one process stepped its CPU devices
-        one after another); None when they are like runs."""
+        """Why the n-device time is no speedup over the 1-device one (OVERHEADS, SEQUENTIAL),
+        or None for like runs."""
         if not self.dedicated:
             return OVERHEADS
         e = self.cells.get(n)
@@ -145,8 +154,7 @@ class DpRow:
         return scaling(self.cells[1].median, self.cells[n].median, n)
 
     def scaling_cell(self, n: int, efficiency: bool = False) -> str:
-        """The speedup (or efficiency) at n devices: a figure, the label saying why there is
-        none (`unlike`), or a dash where a run is missing or diverged."""
+        """A figure, why there is none (`unlike`), or a dash for a run missing or diverged."""
         ran = 1 in self.cells and n in self.cells
         if ran and not (self.cells[1].diverged or self.cells[n].diverged) and self.unlike(n):
             return self.unlike(n)
@@ -159,9 +167,12 @@ class DpRow:
     def measures(self, n: int) -> dict[str, str]:
         """The row's cells at n devices by measure (dashes where it did not run)."""
         e = self.cells.get(n)
-        rate = None if e is None or e.diverged else e.rec.images_per_sec
-        cells = {"test acc": fmt_acc(acc_of(e)), "sec/epoch": time_cell(e)}
-        cells["images/s"] = fmt_rate(rate, e is not None and e.rec.extrapolated)
+        ok = e is not None and not e.diverged
+        cells = {"test acc": DASH if not ok or e.rec.test_acc is None else f"{e.rec.test_acc:.3f}"}
+        cells["sec/epoch"] = time_cell(e)
+        cells["images/s"] = fmt_rate(
+            e.rec.images_per_sec if ok else None, ok and e.rec.extrapolated
+        )
         if n > 1:
             cells |= {"speedup": self.scaling_cell(n), "efficiency": self.scaling_cell(n, True)}
         return cells
@@ -175,14 +186,13 @@ def cores_text(row: DpRow) -> str:
 
 
 def unlike_notes(rows: list[DpRow]) -> list[str]:
-    """One note per label the rows' speedup cells show."""
     shown = {row.scaling_cell(n) for row in rows for n in row.cells if n > 1}
     return [note for label, note in UNLIKE_NOTES.items() if label in shown]
 
 
 def dp_rows(entries: list[Entry]) -> list[DpRow]:
-    """One row per framework, label and cores per device: a run pinned to its own cores and one
-    on shared cores are different rows, never one speedup."""
+    """A row per framework, label and cores per device: a run pinned to its own cores and one
+    on shared cores are never one speedup."""
     rows: dict[tuple, DpRow] = {}
     for e in entries:
         r = e.rec
@@ -190,8 +200,8 @@ def dp_rows(entries: list[Entry]) -> list[DpRow]:
         row = rows.setdefault(key, DpRow(*key[:2], r.platform, r.virtual, r.preset, {}, key[2]))
         row.cells[r.devices] = e  # one group and the newest per cell: one record per count
     for (fw, label, cores), row in rows.items():
-        # On one device BatchNorm is the same either way: a +sync-bn row's 1-device run is the
-        # plain one's, so its speedup is over the same baseline.
+        # On one device BatchNorm is the same either way: a +sync-bn row's speedup is over the
+        # plain row's 1-device run.
         plain = rows.get((fw, label.removesuffix("+sync-bn"), cores))
         if label.endswith("+sync-bn") and plain and 1 in plain.cells:
             row.cells.setdefault(1, plain.cells[1])
@@ -218,10 +228,6 @@ def dp_table(title: str, rows: list[DpRow], envs: dict[str, str]) -> Table:
         }
         for row in rows
     )
-    return Table.of(title, wide, dp_notes(rows))
-
-
-def dp_notes(rows: list[DpRow]) -> list[str]:
     notes = [
         "sec/epoch: median ± sample standard deviation over n epochs; speedup = sec/epoch on "
         "1 device / sec/epoch on n devices of the same row, where both are like runs; "
@@ -239,7 +245,7 @@ def dp_notes(rows: list[DpRow]) -> list[str]:
     notes += unlike_notes(rows)
     if any(e.diverged for row in rows for e in row.cells.values()):
         notes.append(DIVERGED_NOTE)
-    return notes
+    return Table.of(title, wide, notes)
 
 
 def dp_terminal(rows: list[DpRow]) -> Table:
@@ -280,3 +286,93 @@ def fmt_each(x, unit: float = 1) -> str:
     if isinstance(x, list):
         return " / ".join(fmt_each(v, unit) for v in x)
     return DASH if x is None else str(x)
+
+
+def in_run(e: Entry | None) -> Entry | None:
+    """The ceiling a 1-device training record timed in its own run (extra.ceiling), as a
+    ceiling Entry of the training's framework and tier."""
+    c = e.extra.get("ceiling") if e is not None and e.rec.devices == 1 else None
+    stats = c.get("sec_per_epoch") if isinstance(c, dict) else None
+    if not isinstance(stats, dict) or "median" not in stats:
+        return None
+    rec = dataclasses.replace(
+        e.rec,
+        strategy=CEILING,
+        sec_per_epoch=c["sec_per_epoch"],
+        extrapolated=True,  # always: its steps of one batch, projected to an epoch
+        steps_timed=c.get("steps_timed"),
+        diverged_at_epoch=None,
+        extra={**e.extra, **c, SAME_RUN: True},
+    )
+    return Entry(rec, e.source, e.order)
+
+
+def ceiling_of(training: Entry | None, ceilings: list[Entry]) -> Entry | None:
+    """A 1-device training record's ceiling: its own, else a ceiling record of its framework
+    and tier, else None."""
+    if training is None or training.rec.devices != 1:
+        return None
+    same = (
+        c for c in ceilings if (c.rec.framework, c.tier) == (training.rec.framework, training.tier)
+    )
+    return in_run(training) or next(same, None)
+
+
+def ceiling_ratio(training: Entry | None, ceiling: Entry) -> float | None:
+    """x ceiling: timed in the run, the median of its epochs' ratios; else the ratio of the
+    two medians; None without a time."""
+    if training is None or training.diverged:
+        return None
+    if ceiling.extra.get(SAME_RUN):
+        x = ceiling.extra.get("x_ceiling")
+        return float(x) if positive(x) else None
+    return training.median / ceiling.median
+
+
+def ceiling_pairs(workload: str, entries: list[Entry], ceilings: list[Entry]) -> list[tuple]:
+    """(1-device training record or None, its ceiling), in the tables' order; a ceiling record
+    with no training record of its framework and tier gets a row of its own."""
+    ones = [e for e in entries if e.rec.devices == 1 and e.rec.workload == workload]
+    found = [(e, c) for e in ones if (c := in_run(e)) is not None]
+    paired = {e.order for e, _ in found}
+    for c in (c for c in ceilings if c.rec.workload == workload):
+        same = [e for e in ones if (e.rec.framework, e.tier) == (c.rec.framework, c.tier)]
+        found += [(e, c) for e in same if e.order not in paired] or ([] if same else [(None, c)])
+    return sorted(found, key=lambda p: rank(workload, p[1].rec.framework, (p[0] or p[1]).label))
+
+
+def ceiling_marks(entries: list[Entry], ceilings: list[Entry], workload: str) -> dict:
+    """(framework, label) of each 1-device training row -> its ceiling's sec/epoch (plots)."""
+    found = ceiling_pairs(workload, entries, ceilings)
+    return {(t.rec.framework, t.label): c.median for t, c in found if t is not None}
+
+
+def ceiling_table(workload: str, entries: list[Entry], ceilings: list[Entry], envs) -> Table | None:
+    found = ceiling_pairs(workload, entries, ceilings)
+    if not found:
+        return None
+    headers = ["framework", "strategy", "sec/epoch (1 dev)", "ceiling sec/epoch"]
+    headers += ["ceiling s/step", "x ceiling", "measured", "env"]
+    body = []
+    for training, c in found:
+        x, per_step = ceiling_ratio(training, c), c.extra.get("s_per_step")
+        steps = f"{c.extra.get('repeats', '?')} x {c.rec.steps_timed} steps"
+        strategy = f"{DASH} ({c.tier})" if c.tier else DASH  # a ceiling with no training row
+        if training is not None:
+            cores = training.cores_per_device  # the same label on shared cores: another row
+            strategy = training.label + ("" if cores is None else f" ({cores} core(s)/device)")
+        body.append(
+            [c.rec.framework, strategy, time_cell(training), time_cell(c)]
+            + [f"{per_step:.{decimals(per_step)}f} s ({steps})" if positive(per_step) else DASH]
+            + [
+                DASH if x is None else f"{x:.2f}x",
+                "in the run" if c.extra.get(SAME_RUN) else "apart",
+            ]
+            + [env_cell([e for e in (training, c) if e is not None], envs)]
+        )
+    notes = [
+        f"ceiling sec/epoch: {STAR} always, projected from its timed steps of one batch; n "
+        "counts its timed repeats. x ceiling: in the run, the median of the per-epoch ratios; "
+        "apart (a ceiling record of its own), the ratio of the two medians."
+    ]
+    return Table(f"{workload}: training loop vs ceiling", headers, body, notes)

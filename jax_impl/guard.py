@@ -31,6 +31,9 @@ WRAPPED_ENV = "MULTIDEVICE_JAX_WRAPPED"  # this process is run_wrapped's child
 # XLA's lines as its distributed service ends a process that lost another (a glog E and F line,
 # then a C++ stack and Python's own dump): from the first, the rest is not shown.
 ABORT_MARKS = ("coordination_service_agent.cc", "client.h:80]", "JAX distributed service detected")
+# XLA's errors (JaxRuntimeError) when a collective or the coordinator's store waits for a peer
+# that went, raised in the main thread with a traceback.
+LOST_MARKS = ("DEADLINE_EXCEEDED", "UNAVAILABLE", "CoordinationServiceError")
 MAX_INIT_S = ABORT_AFTER_S - 60  # JAX_INIT_TIMEOUT's bound, so that this one ends it first
 
 
@@ -55,12 +58,14 @@ def joining(join):
             world = join(plan, args)
         import jax
 
-        signals.on_leaving(jax.distributed.shutdown)
-        if jax.process_count() != count:  # the coordinator's count rules: jax would go on
+        # The coordinator's count rules: jax would go on. Refused before the goodbye is
+        # registered: the others train on and never come to its barrier.
+        if jax.process_count() != count:
             raise config.ConfigError(
                 f"this process was given {count} JAX processes (JAX_NUM_PROCESSES, --nnodes) and "
                 f"{jax.process_count()} joined: give every process the same count"
             )
+        signals.on_leaving(jax.distributed.shutdown)
         return world
 
     return joined
@@ -91,21 +96,36 @@ def run_wrapped(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, lambda *_: None)  # not SIG_IGN, which the child would keep
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda signum, _: child.send_signal(signum))
-    aborted = False
+    aborted, held = False, []
     for line in child.stderr:
         aborted = aborted or any(mark in line for mark in ABORT_MARKS)
-        if not aborted:
+        held += [line] if held or line.startswith("Traceback (most recent call last)") else []
+        if not aborted and not held:
             sys.stderr.write(line)
             sys.stderr.flush()
     code = child.wait()
-    if aborted and code:
+    lost = _lost_a_peer(held)
+    if code and (aborted or lost):
+        what = f"XLA said: {lost}" if lost else "JAX's distributed service ended this process"
         print(
-            "error: JAX's distributed service ended this process: another process of the run, "
-            "or the link to it, went (that node's output says which)",
+            f"error: {what}: another process of the run, or the link to it, went (that node's "
+            "output says which)",
             file=sys.stderr,
         )
         return 1
+    sys.stderr.writelines(held)  # any other traceback is a bug's: shown as it came
     return 128 - code if code < 0 else code
+
+
+def _lost_a_peer(traceback: list[str]) -> str | None:
+    """What the error a traceback ends with says, where it is XLA's for a peer that went: a
+    collective or the coordinator's store timed out, or the peer is unreachable."""
+    for line in traceback:
+        kind, _, said = line.partition(": ")
+        if kind.endswith("RuntimeError") and any(mark in said for mark in LOST_MARKS):
+            said = said.split(" [type.googleapis", 1)[0].strip()
+            return said.removeprefix("UNKNOWN: ")
+    return None
 
 
 def _processes(args) -> int:

@@ -56,6 +56,8 @@ def node_environment(env: dict, nodes) -> dict:
     """`env` (launch.environment's) for one node of several: node 0's scheduler at the
     endpoint (its port checked there), and this node's own address and interface toward it."""
     host, number = nodes.host_port
+    if nodes.rank == 0:  # before the port's check: a second node 0 here is named as that
+        nodes.claim("kvstore scheduler")
     nodes.check("kvstore scheduler")
     address, interface = processes.route_to(host, number)
     env.update(DMLC_PS_ROOT_URI=host, DMLC_NODE_HOST=address)

@@ -9,7 +9,8 @@ around the lesson's calls and not inside them (docs/design.md, "Traps").
 - Supervision (`run_torchrun`): torchrun runs in a session of its own, watched from outside
   (common.supervise.run_launcher): a Ctrl-C reaches this launcher only, which stops torchrun
   (which stops its workers) within a bound and kills any worker left; a run over several
-  machines waits a bounded time for every node; a failure is one line.
+  machines waits a bounded time for every node (nodes given different --nnodes are named as
+  that: each notes its count in node 0's store); a failure is one line.
 - torchrun itself runs as `python -m torch_impl.guard`, which is torchrun (`run.main`) made
   quiet: it turns a stop signal into a traceback and a failed worker into a traceback and a
   box; here they are exit 128 + the signal's number and one line. A launcher killed outright
@@ -29,11 +30,13 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 from common import cli, devices, signals, supervise, watchdog
 from common.nodes import Nodes
+from torch_impl import counts
 
 ROOT = Path(__file__).resolve().parent.parent
 LOOPBACK_ENV = "MULTIDEVICE_LOOPBACK"  # one machine: every socket on 127.0.0.1
@@ -78,7 +81,10 @@ def run_torchrun(cmd: list[str], nproc: int, what: str, nodes: Nodes | None, env
                 file=sys.stderr,
                 flush=True,
             )
-        wait = (nodes.timeout, nodes.timed_out()) if nodes else (None, "")
+        if nodes:
+            env[counts.COUNTS_ENV] = f"{nodes.rank} {nodes.count} {nodes.timeout} {nodes.endpoint}"
+            env[counts.COUNTS_FILE_ENV] = str(Path(tmp) / "counts")
+        wait = (nodes.timeout, lambda: counts.not_joined(nodes, env)) if nodes else (None, "")
         rc = supervise.run_launcher(cmd, env, nproc, *wait, cwd=ROOT)
         if rc:
             _failed(what, rc, nodes, env)
@@ -294,6 +300,8 @@ def main() -> int:
         from torch.distributed.elastic.rendezvous import RendezvousError
     if launcher is not None:
         _quiet_without(launcher)
+    if os.environ.get(counts.COUNTS_ENV):
+        threading.Thread(target=counts.share, name="node-counts", daemon=True).start()
     # Its warning per worker it stops ("Sending process N closing signal SIGTERM") and its
     # error naming the first that failed: the line below, or the worker's own, says that.
     api = logging.getLogger("torch.distributed.elastic.multiprocessing.api")

@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # and counts the bytes of its own links; a second cluster beside it would share the cores.
 pytestmark = pytest.mark.xdist_group("netns")
 FAULT_BOUND_S = 60  # every node ends within this after a fault
+KILLED_BOUND_S = 5  # a SIGKILLed cluster's namespaces are gone within this
 cores = len(os.sched_getaffinity(0))
 
 
@@ -66,6 +67,10 @@ def start(python, results, *more, nodes="1 2", link="unlimited"):
         start_new_session=True,
         preexec_fn=interrupt.terminal_signals,
     )
+
+
+def tagged(tag: str) -> list[str]:
+    return [n for n in netns.existing() if n.startswith(f"{tag}-")]
 
 
 def left_behind(pid: int) -> tuple[list[str], list[str]]:
@@ -162,18 +167,37 @@ def test_a_stopped_cluster_removes_every_namespace_and_process(fake_python, tmp_
 
 @needs_netns
 @needs_two_cores
-def test_a_killed_clusters_nodes_end_and_the_next_run_removes_its_namespaces(fake_python, tmp_path):
+def test_a_killed_cluster_takes_its_nodes_and_namespaces_along(fake_python, tmp_path):
+    """SIGKILL leaves the command no moment to clean up: its janitor (netns.Janitor), a process
+    of its own, removes the namespaces and what runs in them as the command goes."""
     proc = start(fake_python, tmp_path / "r.jsonl", nodes="2", link="unlimited")
     wait_for(proc, "epoch 1/")
     proc.kill()
     proc.wait()
-    end = time.monotonic() + 10  # the nodes watch the cluster that started them
-    while left_behind(proc.pid)[1] and time.monotonic() < end:
-        time.sleep(0.2)
-    names, pids = left_behind(proc.pid)
-    assert names and not pids
-    netns.remove_stale()
-    assert left_behind(proc.pid) == ([], [])
+    killed, end = time.monotonic(), time.monotonic() + KILLED_BOUND_S
+    while left_behind(proc.pid) != ([], []) and time.monotonic() < end:
+        time.sleep(0.1)
+    assert left_behind(proc.pid) == ([], []), f"left {KILLED_BOUND_S} s after the kill"
+    print(f"gone {time.monotonic() - killed:.2f} s after the kill")
+    assert not (tmp_path / "r.jsonl").exists()
+
+
+@needs_netns
+def test_the_janitor_leaves_what_its_command_removed_and_what_it_never_made():
+    """A network removed by its command leaves its janitor nothing to do, and it ends; a
+    namespace of the same name made before (by someone else) is refused and never removed."""
+    with netns.Network(1, tag=f"{netns.PREFIX}{os.getpid()}x") as net:
+        janitor = net._janitor.proc
+        assert sorted(tagged(net.tag)) == sorted(net.names())
+    assert janitor.poll() == 0 and tagged(net.tag) == []
+    theirs = netns.Network(1, tag=f"{netns.PREFIX}{os.getpid()}y")
+    subprocess.run(["ip", "netns", "add", theirs.switch], check=True)
+    try:
+        with pytest.raises(netns.NetnsError), theirs:
+            pass
+        assert theirs.switch in netns.existing()  # not ours to remove: still there
+    finally:
+        subprocess.run(["ip", "netns", "delete", theirs.switch], check=True)
 
 
 def test_without_cap_net_admin_the_cluster_says_so_in_one_line(monkeypatch, capsys):
@@ -253,3 +277,58 @@ def test_make_passes_what_a_user_gives_as_words_not_shell(tmp_path):
         raise
     assert proc.returncode != 0 and not planted.exists(), out + err
     assert "error: link rate '1gbit;touch': give unlimited or a rate" in err
+
+
+HOLD = """
+import sys, time
+from common import cores
+with cores.held([0, 1], "cluster"):
+    print("held", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_second_cluster_on_the_cores_another_holds_is_refused_in_one_line(monkeypatch, capsys):
+    """Two clusters on the same cores would each compute at a fraction of its speed, and both
+    records say nothing of it: the second is refused, naming the first's pid."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline() == "held\n"
+        monkeypatch.setattr(cluster.results, "check_writable", lambda path: None)
+        monkeypatch.setattr(netns, "check_can_make", lambda: None)
+        monkeypatch.setattr(netns, "_ip", lambda *a, **k: pytest.fail("made something"))
+        monkeypatch.setattr(cluster.cores, "allowed", lambda: [0, 1])
+        assert cluster.main(["--nodes", "1", "2", "--preset", "smoke"]) == 2
+    finally:
+        holder.kill()
+        holder.wait()
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"error: core 0 is held by cluster (pid {holder.pid}): run one cluster at a time on "
+        "these cores, or wait for that one to end"
+    )
+    with cluster.cores.held([0, 1], "cluster"):  # its holder gone, the cores are free
+        pass
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_while_the_cluster_command_imports_is_one_line(signum):
+    """The stop comes as compare.cluster imports its modules (common.netns, before main ran):
+    the line and 128 + the signal's number, no traceback, nothing made."""
+    code = (
+        "import os, runpy, sys\n"
+        "class Stop:\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name == 'common.netns':\n"
+        f"            os.kill(os.getpid(), {int(signum)})\n"
+        "sys.meta_path.insert(0, Stop())\n"
+        "sys.argv = ['compare.cluster', '--nodes', '1']\n"
+        "runpy.run_module('compare.cluster', run_name='__main__', alter_sys=True)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 128 + signum, done
+    assert done.stderr == "interrupted; no record written\n" and done.stdout == ""

@@ -83,3 +83,57 @@ def test_a_process_that_hangs_in_its_finalization_after_its_launcher_went_ends()
     finally:
         proc.kill()
     assert time.monotonic() - begun < 10
+
+
+STEP = """
+import os, sys, time
+from common import signals
+signals.watch_launcher()
+open(os.environ["STEP_PID_FILE"], "w").write(str(os.getpid()))
+time.sleep(60)
+"""
+
+
+def test_a_step_of_compare_run_ends_when_compare_run_is_killed(tmp_path):
+    """compare.run SIGKILLed mid-step: the step's run (here one that only watches, as every
+    command's start does) ends within seconds instead of training on alone."""
+    python, pid_file = tmp_path / "python", tmp_path / "step.pid"
+    python.write_text(f"#!/bin/sh\nexec \"{sys.executable}\" -c '{STEP}'\n")
+    python.chmod(0o755)
+    argv = ["--frameworks", "torch", "--workloads", "lenet", "--platform", "cpu"]
+    argv += ["--preset", "smoke", "--python", str(python), "--steps", "1"]
+    argv += ["--results", str(tmp_path / "r.jsonl"), "--out", str(tmp_path / "out")]
+    env = {**os.environ, "STEP_PID_FILE": str(pid_file)}
+    run = subprocess.Popen(
+        [sys.executable, "-m", "compare.run", *argv],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    end = time.monotonic() + 60
+    while not pid_file.exists() and run.poll() is None and time.monotonic() < end:
+        time.sleep(0.05)
+    if not pid_file.exists():
+        run.kill()
+        pytest.fail(f"no step started: {run.communicate()[0]}")
+    step = int(pid_file.read_text())
+    run.kill()
+    run.wait()
+    killed = time.monotonic()
+    while running(step) and time.monotonic() < killed + 5:
+        time.sleep(0.05)
+    alive = running(step)
+    if alive:
+        os.kill(step, signal.SIGKILL)
+    assert not alive, "the step outlived compare.run by 5 s"
+    print(f"the step ended {time.monotonic() - killed:.2f} s after compare.run was killed")
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` runs (a zombie has ended; whoever adopted it may not reap it yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -3,6 +3,7 @@ line (or on how it ended), a worker's named before the processes that followed i
 all ended between two looks are still read; a check's reason, a deadline and the wait after the
 first member finished each end it; stopping kills every member's session."""
 
+import os
 import subprocess
 import sys
 import time
@@ -155,3 +156,40 @@ def test_stopped_processes_are_found_in_proc():
     finally:
         proc.kill()
         proc.wait()
+
+
+CLAIM = """
+import sys, time
+from common import supervise
+from common.nodes import Nodes
+Nodes(2, 0, sys.argv[1], 10).claim("kvstore scheduler")
+print("held", flush=True)
+while not (reason := supervise.WATCH_ALSO[0]()):
+    time.sleep(0.05)
+print(reason, flush=True)
+"""
+
+
+def test_a_second_node_0_on_one_machine_is_refused_and_the_first_told():
+    """Two nodes here both given --node-rank 0 would start two schedulers on one port: the
+    second is refused naming the first, and the first's groups (supervise.WATCH_ALSO) hear it."""
+    from common import config
+    from common.nodes import Nodes
+
+    endpoint = "127.0.0.1:29999"  # claimed, never bound
+    first = subprocess.Popen([PY, "-c", CLAIM, endpoint], stdout=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout.readline() == "held\n"
+        with pytest.raises(config.ConfigError) as refused:
+            Nodes(2, 0, endpoint, 10).claim("kvstore scheduler")
+        told = first.communicate(timeout=10)[0].strip()
+    finally:
+        first.kill()
+    assert str(refused.value) == (
+        f"another node 0 (pid {first.pid}) already hosts the kvstore scheduler at {endpoint} on "
+        "this machine: give each node its own --node-rank (0 to 1)"
+    )
+    assert told == (
+        f"another node on this machine (pid {os.getpid()}) was also given --node-rank 0 and was "
+        "refused: give each node its own --node-rank (0 to 1)"
+    )

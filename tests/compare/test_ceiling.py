@@ -1,11 +1,10 @@
-"""The ceiling in the report (compare/ceiling.py): each 1-device training record over the
+"""The ceiling in the report (compare/tables.py): each 1-device training record over the
 ceiling of its framework, precision and compiled tier in its machine group, the ratio exact;
 ceilings never appear as training rows, and one without a training record is left out."""
 
 import pytest
 
 from common import results
-from compare import ceiling as compare_ceiling
 from compare import plots, report, tables
 from tests.compare import fixture_records as fx
 from tests.compare.test_report import CPU, table_rows
@@ -134,7 +133,7 @@ def test_the_sec_per_epoch_plot_marks_each_one_device_bar_with_its_ceiling(tmp_p
     loaded = report.load([str(path)])
     group = next(m for m in loaded.machines if m.preset == "cpu")
     entries = group.workload("resnet18")
-    marks = compare_ceiling.sec_per_epoch(entries, group.ceilings, "resnet18")
+    marks = tables.ceiling_marks(entries, group.ceilings, "resnet18")
     # The tier must match: the compiled row has no compiled ceiling, so no mark.
     assert marks == {("torch", "ddp"): 240.0, ("jax", "sharding"): 200.0, ("jax", "pmap"): 200.0}
     drawn, real = [], plots._ceiling_marks
@@ -181,6 +180,6 @@ def test_a_ceiling_measured_in_the_run_is_the_one_its_record_is_set_against(tmp_
         "| 1.30x |" in (text)
     )
     group = report.load([str(path)]).machines[0]
-    assert compare_ceiling.sec_per_epoch(group.entries, group.ceilings, "lenet") == {
+    assert tables.ceiling_marks(group.entries, group.ceilings, "lenet") == {
         ("torch", "scratch"): 8.0
     }

@@ -198,7 +198,7 @@ def test_a_ctrl_c_outside_the_runs_is_one_line(name, capsys, monkeypatch):
         raise KeyboardInterrupt
 
     text = Path(module.__file__).read_text()
-    block = text[text.index('if __name__ == "__main__":') :]
+    block = text[text.rindex('if __name__ == "__main__":') :]
     with pytest.raises(SystemExit) as ended:
         exec(block, {**vars(module), "__name__": "__main__", "main": stopped})
     assert ended.value.code == 130

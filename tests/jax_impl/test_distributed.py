@@ -237,3 +237,43 @@ def test_a_sigterm_to_process_0_alone_ends_both_in_bounded_time(tmp_path):
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
     assert not (tmp_path / "r.jsonl").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.multi_device
+def test_processes_given_different_counts_each_end_in_one_line(tmp_path):
+    """Process 0 with --nnodes 2, process 1 with --nnodes 3: the coordinator's count rules, so
+    jax alone would go on with 2 and ignore the 3. The process given the other count refuses
+    in one line (exit 2); process 0, its peer gone, ends by itself (--peer-timeout) in one line
+    too; both within a minute, no traceback, no process left, nothing recorded."""
+    results, address = tmp_path / "r.jsonl", f"127.0.0.1:{free_port()}"
+    procs = [
+        stopping.start(
+            ["jax_impl", "--workload", "resnet18", "--gpus", "1", "--nnodes", str(count)]
+            + ["--node-rank", str(rank), "--rdzv-endpoint", address, "--peer-timeout", "10"],
+            results,
+        )
+        for rank, count in ((0, 2), (1, 3))
+    ]
+    begun, errs = time.monotonic(), []
+    try:
+        for p in procs:
+            errs.append(p.communicate(timeout=90)[1])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+    took = time.monotonic() - begun
+    lasts = [err.strip().splitlines()[-1] if err.strip() else "" for err in errs]
+    assert procs[1].returncode == 2, errs[1]
+    assert lasts[1] == (
+        "error: this process was given 3 JAX processes (JAX_NUM_PROCESSES, --nnodes) and 2 "
+        "joined: give every process the same count"
+    )
+    assert procs[0].returncode == 1 and lasts[0].startswith("error: "), errs[0]
+    assert lasts[0].endswith(
+        "another process of the run, or the link to it, went (that node's output says which)"
+    ), errs[0]
+    assert took < 60 and not any("Traceback" in err for err in errs), (took, errs)
+    print(f"both ended {took:.1f} s after they started")
+    assert interrupt.processes_of(str(results)) == [] and not results.exists()

@@ -231,3 +231,48 @@ def test_a_dist_run_refuses_ceiling_and_compile_before_any_process_starts(
     assert cli.run("mxnet", argv, load=load) == cli.EXIT_BAD_INPUT
     assert message in capsys.readouterr().err.strip().splitlines()[-1]
     assert not (tmp_path / "r.jsonl").exists()
+
+
+def _node(rank: int, port: int, results: Path) -> subprocess.Popen:
+    """One node of two on this machine, its scheduler (node 0's) at 127.0.0.1:`port`."""
+    argv = [sys.executable, "-m", "mxnet_impl", "--workload", "resnet18", "--strategy", "dist"]
+    argv += ["--gpus", "1", "--preset", "smoke", "--platform", "cpu", "--no-progress"]
+    argv += ["--nnodes", "2", "--node-rank", str(rank), "--rdzv-endpoint", f"127.0.0.1:{port}"]
+    argv += ["--results", str(results)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    return subprocess.Popen(argv, cwd=ROOT, env=env, start_new_session=True, **pipes)
+
+
+@pytest.mark.slow
+def test_two_nodes_both_given_rank_0_each_end_in_one_line(tmp_path):
+    """Both would start a scheduler on one port: ps-lite's second says only "bind failed", and
+    the first waits for a node that will not come (--rdzv-timeout, 300 s). The second claimant
+    is refused, naming the first; the first, told so, ends too; both within a minute."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    results = tmp_path / "r.jsonl"
+    begun, procs = time.monotonic(), [_node(0, port, results) for _ in range(2)]
+    try:
+        errs = [p.communicate(timeout=90)[1] for p in procs]
+        took = time.monotonic() - begun
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+    lasts = sorted(e.strip().splitlines()[-1] for e in errs)
+    assert sorted(p.returncode for p in procs) == [1, 2], errs
+    assert lasts[0].startswith("error: MXNet dist_sync training: another node on this machine")
+    assert lasts[0].endswith(
+        "was also given --node-rank 0 and was refused: give each node its own --node-rank (0 to "
+        "1); every process was stopped"
+    )
+    assert lasts[1].startswith("error: another node 0 (pid ")
+    assert lasts[1].endswith(
+        f"already hosts the kvstore scheduler at 127.0.0.1:{port} on this machine: give each "
+        "node its own --node-rank (0 to 1)"
+    )
+    assert took < 60 and not any("Traceback" in e for e in errs), (took, errs)
+    print(f"both ended {took:.1f} s after they started")
+    assert not results.exists()

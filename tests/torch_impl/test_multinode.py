@@ -264,3 +264,31 @@ def test_exit_worker_flushes_what_the_worker_printed():
     env.pop("PYTHONUNBUFFERED", None)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 3 and out.stdout == "record written\n"
+
+
+@pytest.mark.slow
+@pytest.mark.multi_device
+def test_nodes_given_different_counts_say_so(tmp_path):
+    """Node 0 with --nnodes 2, node 1 with --nnodes 3: torchrun's rendezvous never completes,
+    and each node, both of which joined, would blame a node that did not come. Each says the
+    counts instead, in one line, within the rendezvous timeout and the imports."""
+    port, results = free_port(), tmp_path / "r.jsonl"
+    cmds = [documented_command(port, rank, results, timeout=10) for rank in (0, 1)]
+    cmds[1][cmds[1].index("--nnodes") + 1] = "3"
+    begun, procs = time.monotonic(), [start(cmd) for cmd in cmds]
+    try:
+        lasts = [ends_in_one_line(proc, timeout=90) for proc in procs]
+        took = time.monotonic() - begun
+    finally:
+        for proc in procs:
+            proc.kill()
+    at = f"the rendezvous at 127.0.0.1:{port}"
+    assert [last for last, _ in lasts] == [
+        f"error: node 1 joined {at} with --nnodes 3, this node (node 0) with --nnodes 2: give "
+        "every node the same --nnodes",
+        f"error: node 0 joined {at} with --nnodes 2, this node (node 1) with --nnodes 3: give "
+        "every node the same --nnodes",
+    ]
+    assert took < 60, took  # the rendezvous timeout, 10 s, after the imports
+    print(f"both ended {took:.1f} s after they started")
+    assert not results.exists()
