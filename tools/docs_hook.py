@@ -3,7 +3,7 @@ site is built. A line of a page, indented as the block it sits in, is replaced:
 
     --8<-- "torch_impl/resnet18.py:ddp"        `ddp`'s source (ast), less its docstring
     --8<-- "jax_impl/lenet.py:_split,split_batch"   several names; `Class.method`
-    --8<-- "results/cpu-avx512-2core-cores.jsonl:resnet18[:ddp,...]"   its runs on 1 against 2
+    --8<-- "results/cpu-xeon-avx512-2core.jsonl:resnet18[:ddp,...]"   its runs on 1 against 2
                                                devices, a core per device, as a table
     --8<-- "CONTRIBUTING.md"                   a Markdown file of the repository, whole
 

@@ -67,7 +67,7 @@ def test_each_lesson_shows_the_definitions_it_names_and_the_results(site, worklo
         '--8<-- "torch_impl/resnet18.py:no_such_strategy"',
         '--8<-- "torch_impl/resnet18.py:ResNet18.no_such_method"',
         '--8<-- "torch_impl/no_such_file.py:ddp"',
-        '--8<-- "results/cpu-avx512-2core-cores.jsonl:no_such_workload"',
+        '--8<-- "results/cpu-xeon-avx512-2core.jsonl:no_such_workload"',
     ],
 )
 def test_a_name_the_project_lacks_fails_the_build(line, tmp_path, caplog):
