@@ -128,6 +128,8 @@ def load(paths, warnings: list[str] | None = None) -> list[dict]:
     record without its fields is left out with file:line in `warnings`."""
     out = []
     for path in map(Path, [paths] if isinstance(paths, (str, Path)) else paths):
+        if not path.is_file():
+            continue  # the training report names a missing file
         with path.open("rb") as f:
             for number, raw in enumerate(f, start=1):
                 try:

@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from common import config, devices, signals
-from compare import records, render, resnet50, scaling_report, summary, tables
+from compare import collectives, records, render, resnet50, scaling_report, summary, tables
 from compare.checks import WORKLOADS
 from compare.records import Entry, LeftOut, Machine
 from compare.render import Doc, check_out  # check_out: compare.run's too
@@ -162,6 +162,7 @@ class Report:
             self.terminal.append(("the best time on each machine", best))
         for machine in data.machines:
             self.machine(machine)
+        collectives.section(doc, collectives.load(paths, data.warnings), self.out)
         self.environments()
         self.left_out()
 

@@ -191,3 +191,15 @@ def test_every_engine_all_reduces_over_a_link_between_two_namespaces(tmp_path):
         assert rec["link"] == {"name": "100mbit", "rate_bps": 100e6}
         assert rec["nodes"] == 2 and rec["extra"]["cores"] == "a core per node"
         assert [r["bytes"] for r in rec["rows"]][-1] == 4096
+
+
+def test_the_report_shows_the_all_reduce_beside_the_training_records(tmp_path):
+    from compare import report as training_report
+
+    fixture = report.cluster.ROOT / "tests" / "fixtures" / "compare_results.jsonl"
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(fixture.read_text() + json.dumps(record(fw="jax", ranks=4)) + "\n")
+    assert training_report.build([mixed], tmp_path / "out", echo=lambda *_: None) == 0
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "## Each engine's all-reduce" in text and "4 ranks, loopback, shared cores" in text
+    assert (tmp_path / "out" / "collectives.png").is_file()
