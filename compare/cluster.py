@@ -219,20 +219,24 @@ def with_cluster_fields(rec: dict, fw: str, nodes: int, rate: str, measured: dic
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    return ended(lambda: run_all(args))
+
+
+def run_all(args) -> None:
+    check(args)
+    runs = plan(args)
+    with cores.held(cluster_cores(args), "cluster"), signals.as_interrupt():
+        for i, (fw, nodes, rate) in enumerate(runs, start=1):
+            print(f"[{i}/{len(runs)}] {fw} resnet18 on {nodes} node(s), link {rate}", flush=True)
+            rec = run_one(fw, nodes, rate, args)
+            results.append_line(rec, args.results)
+            print(f"[{i}/{len(runs)}] ok: {rec['sec_per_epoch']['median']:.3g} s/epoch", flush=True)
+
+
+def ended(body) -> int:
+    """Run `body`; its bad input, a failed run or a stop as one line and the exit code."""
     try:
-        check(args)
-        runs = plan(args)
-        with cores.held(cluster_cores(args), "cluster"), signals.as_interrupt():
-            for i, (fw, nodes, rate) in enumerate(runs, start=1):
-                print(
-                    f"[{i}/{len(runs)}] {fw} resnet18 on {nodes} node(s), link {rate}", flush=True
-                )
-                rec = run_one(fw, nodes, rate, args)
-                results.append_line(rec, args.results)
-                print(
-                    f"[{i}/{len(runs)}] ok: {rec['sec_per_epoch']['median']:.3g} s/epoch",
-                    flush=True,
-                )
+        body()
     except (config.ConfigError, results.ResultsError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

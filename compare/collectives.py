@@ -179,30 +179,23 @@ def plan(args) -> list[tuple[str, int, str | None]]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    try:
-        check(args)
-        runs = plan(args)
-        with signals.as_interrupt():
-            for i, (fw, nodes, rate) in enumerate(runs, start=1):
-                print(f"[{i}/{len(runs)}] {fw} all-reduce, {nodes} nodes, {rate or 'loopback'}")
-                if rate is None:
-                    rec = run_nodes(fw, nodes, args, None)
-                else:
-                    with netns.Network(nodes, rate) as net:
-                        rec = run_nodes(fw, nodes, args, net)
-                results.append_line(rec, args.results)
-                alpha, busbw, worst = fit(rec["rows"], rec["ranks"])
-                print(f"[{i}/{len(runs)}] ok: {fit_text(alpha, busbw, worst)}", flush=True)
-    except (config.ConfigError, results.ResultsError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except supervise.Failed as e:
-        print(e.line, file=sys.stderr)
-        return e.code
-    except KeyboardInterrupt as e:
-        signals.say_stopped()
-        return signals.exit_code(e)
-    return 0
+    return cluster.ended(lambda: run_all(args))
+
+
+def run_all(args) -> None:
+    check(args)
+    runs = plan(args)
+    linked = cores.allowed()[:2] if args.links else []  # a cluster's cores: one run at a time
+    with cores.held(linked, "collectives"), signals.as_interrupt():
+        for i, (fw, nodes, rate) in enumerate(runs, start=1):
+            print(f"[{i}/{len(runs)}] {fw} all-reduce, {nodes} nodes, {rate or 'loopback'}")
+            if rate is None:
+                rec = run_nodes(fw, nodes, args, None)
+            else:
+                with netns.Network(nodes, rate) as net:
+                    rec = run_nodes(fw, nodes, args, net)
+            results.append_line(rec, args.results)
+            print(f"[{i}/{len(runs)}] ok: {fit_text(*fit(rec['rows'], rec['ranks']))}", flush=True)
 
 
 # --- the cost model ---------------------------------------------------------------------------
