@@ -232,7 +232,10 @@ def worker_main(entry) -> None:
     exit code, left for the launcher to end on (said here without one), Ctrl-C ends quietly;
     the exit code tells torchrun. Any other exception ends in its traceback, as a bug should."""
     supervise.note(supervise.PIDS_FILE_ENV, f"{os.getpid()}\n")  # should torchrun not stop it
-    signals.watch_parent()  # torchrun gone, even SIGKILLed: this worker stops, writing nothing
+    # torchrun gone, even SIGKILLed (before this worker could look, too): it stops, writing
+    # nothing. torchrun's pid comes from guard.main; torchrun started by hand: the parent.
+    if signals.watch_launcher() is None:
+        signals.watch_parent()
     code = 0
     try:
         with signals.as_interrupt():
@@ -310,7 +313,8 @@ def main() -> int:
     # Its warning that a lost rendezvous could not be shut down: the launcher's line says it.
     logging.getLogger("torch.distributed.elastic.rendezvous").setLevel(logging.ERROR)
     try:
-        run.main()
+        with signals.launching():  # its workers are told this process's pid (worker_main)
+            run.main()
     except SignalException as e:
         return 128 + int(e.sigval)
     except ChildFailedError as e:
