@@ -19,13 +19,14 @@ new), `values(result)` reads this rank's copy back as numpy.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from common import config, results
+from common import config, flops, results
 
 ELEMENT_BYTES = 4  # float32
 MIN_ITERS, MAX_ITERS = 2, 100
@@ -132,3 +133,67 @@ def save(rec: dict[str, Any], args, world) -> None:
             f"{r['algbw_Bps'] / 1e9:>10.4f} {r['busbw_Bps'] / 1e9:>10.4f}",
             flush=True,
         )
+
+
+# --- what one training step all-reduces (compare.scaling's step model) -------------------------
+
+DDP_FIRST_BUCKET_BYTES = 2**20  # torch's _DEFAULT_FIRST_BUCKET_BYTES: the first ready gradients
+DDP_BUCKET_BYTES = 25 * 2**20  # DDP's bucket_cap_mb default, every later bucket
+
+
+def ddp_buckets(grads: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """DDP's buckets over gradients of (bytes, ready) in the order they are ready (its rebuilt
+    buckets, from the second step on): a bucket closes once it holds its limit or more,
+    DDP_FIRST_BUCKET_BYTES for the first, DDP_BUCKET_BYTES after; it is ready with its last."""
+    buckets, open_bytes = [], 0
+    for size, ready in grads:
+        open_bytes += size
+        if open_bytes >= (DDP_BUCKET_BYTES if buckets else DDP_FIRST_BUCKET_BYTES):
+            buckets.append((open_bytes, ready))
+            open_bytes = 0
+    return buckets + [(open_bytes, grads[-1][1])] if open_bytes else buckets
+
+
+def step_collectives(framework: str, strategy: str, sync_bn: bool) -> list[tuple] | None:
+    """(bytes, ready) of each all-reduce (or kvstore push and pull) one ResNet-18 step makes
+    across data-parallel ranks, in the order its backward readies them. ready: the share of the
+    backward's FLOPs done when its gradients are all there (1.0: at its end); None: inside the
+    compute, which waits for it (a BatchNorm's statistics over the global batch). None for an
+    engine this model does not know."""
+    shapes = flops.parameter_shapes("resnet18")
+    shares = backward_shares()
+    grads = [
+        (ELEMENT_BYTES * math.prod(shape), shares[_layer(name)])
+        for name, shape in reversed(shapes.items())  # the backward readies the last layer first
+    ]
+    if (framework, strategy) == ("torch", "ddp"):
+        return ddp_buckets(grads)
+    if (framework, strategy) == ("mxnet", "dist"):
+        return grads  # Gluon's Trainer: a key per parameter
+    if (framework, strategy) == ("jax", "sharding"):
+        # XLA's optimized program (tests/jax_impl/test_collectives.py holds the count and bytes)
+        channels = [s[0] for k, s in shapes.items() if ".bn" in k and k.endswith(".weight")]
+        gradient = sum(size for size, _ in grads) + ELEMENT_BYTES  # and the step's loss
+        if not sync_bn:  # one all-reduce, with BatchNorm's running means and variances
+            return [(gradient + 2 * ELEMENT_BYTES * sum(channels), 1.0)]
+        forward = [(2 * ELEMENT_BYTES * c, None) for c in channels]  # mean and mean square
+        backward = [(ELEMENT_BYTES * c, None) for c in reversed(channels)]  # their gradients
+        return [*forward, *backward, (gradient, 1.0)]
+    return None
+
+
+def backward_shares() -> dict[str, float]:
+    """Per ResNet-18 layer with weights, the share of the backward's FLOPs done once its
+    gradients are: the layers after it and its own (a layer's backward is 2 x its forward)."""
+    layers = flops.resnet18_layers()
+    total, done, shares = sum(x.flops for x in layers), 0, {}
+    for layer in reversed(layers):
+        done += layer.flops
+        shares[layer.name] = done / total
+    return shares
+
+
+def _layer(parameter: str) -> str:
+    """The layer with weights a parameter's gradient comes with: a BatchNorm's, its conv's."""
+    layer = parameter.rsplit(".", 1)[0]
+    return layer.replace(".bn1", ".conv1").replace(".bn2", ".conv2").replace("stem.bn", "stem.conv")

@@ -37,6 +37,29 @@ PARAMETERS = {"lenet": 129_068, "resnet18": 11_175_818}
 GRADIENT_BYTES_PER_VALUE = 4  # float32 gradients, also under bf16 autocast
 
 
+def parameter_shapes(workload: str) -> dict[str, tuple[int, ...]]:
+    """The trainable parameters of d2l's ResNet-18 (width 64), in the exchange format (OIHW
+    convolutions, (out, in) dense weights) and in torch's `parameters()` order, which is also
+    the order DDP buckets them in, reversed (each framework's suite checks its model)."""
+    if workload != "resnet18":
+        raise ValueError(f"no parameter list for {workload!r}; resnet18 has one")
+    convs, c_in = [("stem.conv", 1, 64, 3, "stem.bn")], 64
+    for i, c_out in enumerate((64, 128, 256, 512), start=1):
+        for b in range(2):
+            name = f"layer{i}.{b}"
+            convs += [(f"{name}.conv1", c_in, c_out, 3, f"{name}.bn1")]
+            convs += [(f"{name}.conv2", c_out, c_out, 3, f"{name}.bn2")]
+            if b == 0 and i > 1:  # the 1x1 shortcut, without a BatchNorm of its own
+                convs += [(f"{name}.shortcut", c_in, c_out, 1, None)]
+            c_in = c_out
+    shapes = {}
+    for name, c_in, c_out, k, norm in convs:  # a conv's weight and bias, then its BatchNorm's
+        shapes |= {f"{name}.weight": (c_out, c_in, k, k), f"{name}.bias": (c_out,)}
+        if norm:
+            shapes |= {f"{norm}.weight": (c_out,), f"{norm}.bias": (c_out,)}
+    return {**shapes, "fc.weight": (10, 512), "fc.bias": (10,)}
+
+
 def gradient_bytes(workload: str) -> int | None:
     """The bytes of one gradient of `workload`'s model (None: not a data-parallel workload)."""
     count = PARAMETERS.get(workload)

@@ -233,6 +233,27 @@ def predict(nbytes: float, ranks: int, alpha: float, busbw: float) -> float:
 # --- the report's section -----------------------------------------------------------------------
 
 
+def fits(records: list[dict]) -> dict[tuple, tuple[float, float]]:
+    """The step model's inputs (compare.scaling): fit_key -> (alpha s, busbw B/s) of each
+    newest run whose sizes reached a bandwidth."""
+    out = {}
+    for rec in latest(records):
+        alpha, busbw, _ = fit(rec["rows"], rec["ranks"])
+        if busbw is not None:
+            link = rec.get("link", {}).get("name", "loopback")
+            out[fit_key(rec["framework"], rec["ranks"], link, rec.get("hardware", {}))] = (
+                alpha,
+                busbw,
+            )
+    return out
+
+
+def fit_key(framework: str, ranks: int, link: str | None, hardware) -> tuple:
+    """An engine over a link on a machine: a training run's and an all-reduce run's alike."""
+    cpu = hardware.get("cpu") if isinstance(hardware, dict) else None
+    return framework, ranks, link, cpu
+
+
 def setting(rec: dict) -> str:
     """Where a run ran: its rank count and link."""
     link = rec.get("link", {}).get("name", "loopback")

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import math
 
+from common.flops import TRAIN_MULTIPLIER
+
 RING, PS = "ring all-reduce", "parameter server"
 ALGORITHMS = (RING, PS)
 SERIAL, OVERLAPPED = "serial", "overlapped"
@@ -84,6 +86,20 @@ def overlapped(t_compute: float, comm: float, tail: float) -> float:
     """A step whose exchange runs beside its compute but for `tail` seconds (0 to comm)."""
     tail = min(max(tail, 0.0), comm)
     return max(t_compute, comm - tail) + tail
+
+
+def timeline(t_compute: float, pieces: list[tuple[float, float | None]]) -> float:
+    """A step whose collectives, (seconds, ready) in the order they are made, take the link one
+    at a time: each starts once the backward has readied its gradients (ready: the share of the
+    backward done) and the one before it has ended. Those with ready None hold the compute up
+    instead (it waits for each). The compute is a forward and a backward of twice its FLOPs."""
+    held = sum(t for t, ready in pieces if ready is None)
+    forward = t_compute / TRAIN_MULTIPLIER + held
+    backward, end = t_compute - t_compute / TRAIN_MULTIPLIER, 0.0
+    for seconds, ready in pieces:
+        if ready is not None:
+            end = max(end, forward + ready * backward) + seconds
+    return max(forward + backward, end)
 
 
 def step_time(model: str, t_compute: float, comm: float, tail: float) -> float:

@@ -9,6 +9,7 @@ file as the report's "Scaling across nodes" shows it), and the figure of the REA
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from common import results
-from compare import figure, records, resnet50, scaling_report, tables
+from compare import collectives, figure, records, resnet50, scaling_report, tables
 from compare.checks import WORKLOADS
 from compare.records import Entry, Machine
 from compare.render import markdown_table, quoted
@@ -44,6 +45,9 @@ OTHERS_BEGIN, OTHERS_END = (
     "<!-- other-machines:end -->",
 )
 SCALING_BEGIN, SCALING_END = BEGIN.replace("reference-results", "scaling"), "<!-- scaling:end -->"
+COLLECTIVES_FIGURE = "docs/collectives.png"  # every engine's all-reduce time against its size
+COLLECTIVES_DATA = "docs/collectives.json"  # what it was drawn from
+COLLECTIVES_FIGURE_LINK = "collectives.png"  # from docs/results.md
 CLUSTER_FILES = "results/cluster-*.jsonl"  # the committed records of `make cluster`, by name
 NO_CLUSTER = (
     "No cluster records are committed yet: `make cluster RESULTS=results/cluster-NAME.jsonl` "
@@ -177,11 +181,45 @@ def scaling_part(reference: list[Machine], root: Path) -> str:
         groups = [m for m in load([path], root) if m.cluster]
         if not groups:
             blocks.append(f"`{path}`: no runs of the cluster in one box.")
+        reduced = collectives.latest(collectives.load([root / path]))
+        fits = collectives.fits(reduced)
         for machine in groups:
-            measured, predicted = scaling_report.docs_items(machine.cluster, gpus)
+            measured, predicted = scaling_report.docs_items(machine.cluster, gpus, fits)
             blocks += [machine_line(machine, root), *with_notes(measured), PREDICTIONS_LABEL]
             blocks += with_notes(predicted)
+        if reduced:
+            blocks += [allreduce_line(path, reduced), *with_notes([collectives.fit_table(reduced)])]
+            blocks.append(f"![time per all-reduce against its size]({COLLECTIVES_FIGURE_LINK})")
     return "\n\n".join(blocks)
+
+
+def allreduce_line(path: str, reduced: list[dict]) -> str:
+    """`**Each engine's all-reduce alone** (file; versions; commits)`, from the records."""
+    versions = []
+    for fw in records.FRAMEWORK_ORDER:
+        found = sorted(
+            {str(r.get("versions", {}).get(fw)) for r in reduced if r["framework"] == fw}
+        )
+        versions += [f"{fw} {'/'.join(found)}"] if found else []
+    commits = sorted({str(r.get("git_commit")) for r in reduced})
+    return (
+        f"**Each engine's all-reduce alone** (`{path}`; {', '.join(versions)}; "
+        f"commit {', '.join(commits)}; the plot: `{COLLECTIVES_FIGURE}`)"
+    )
+
+
+def collectives_figure(root: Path) -> tuple[list[dict], list[str]]:
+    """The all-reduce records the plot draws (every committed cluster file's newest), and why
+    the committed plot is stale (none: it matches them)."""
+    reduced = collectives.latest(collectives.load([root / p for p in cluster_files(root)]))
+    drawn = [{k: r[k] for k in ("framework", "ranks", "link", "rows")} for r in reduced]
+    sidecar, png = root / COLLECTIVES_DATA, root / COLLECTIVES_FIGURE
+    if not reduced:
+        return drawn, []
+    if not png.is_file() or not sidecar.is_file():
+        return drawn, ["missing"]
+    same = sidecar.read_text(encoding="utf-8") == json.dumps(drawn, sort_keys=True)
+    return drawn, [] if same else ["drawn from other records"]
 
 
 def shown_path(source: str, root: Path) -> str:
@@ -340,6 +378,8 @@ def main(argv: list[str] | None = None, root: Path = ROOT) -> int:
     png, sidecar = root / FIGURE, root / FIGURE_DATA
     stale = [(p.path, f"{p.what} differ from the records") for p, old, new in texts if new != old]
     stale += [(shown_path(str(f), root), why) for f, why in figure.stale(data, png, sidecar)]
+    drawn, why = collectives_figure(root)
+    stale += [(COLLECTIVES_FIGURE, why[0])] if why else []
     if args.check:
         for path, why in stale:
             print(f"{path}: {why}; run `make readme-tables`", file=sys.stderr)
@@ -351,6 +391,10 @@ def main(argv: list[str] | None = None, root: Path = ROOT) -> int:
             (root / part.path).write_text(new, encoding="utf-8")
     if figure.stale(data, png, sidecar):
         figure.write(data, png, sidecar)
+    if why:
+        reduced = collectives.latest(collectives.load([root / p for p in cluster_files(root)]))
+        collectives.plot(root / COLLECTIVES_FIGURE, reduced)
+        (root / COLLECTIVES_DATA).write_text(json.dumps(drawn, sort_keys=True), encoding="utf-8")
     if stale:
         done = ", ".join(dict.fromkeys(path for path, _ in stale))
         print(f"rewritten from {', '.join([*REFERENCE, *cluster_files(root)])}: {done}")

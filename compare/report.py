@@ -143,6 +143,7 @@ class Report:
     envs: dict[str, str]
     terminal: list[tuple[str, Table]] = field(default_factory=list)
     plots: int = 0
+    fits: dict = field(default_factory=dict)  # compare.collectives.fits: the step model's
 
     def compose(self, paths, notes) -> None:
         doc, data = self.doc, self.data
@@ -160,9 +161,11 @@ class Report:
         doc.table(best := summary.summary_table(data.machines))
         if len(data.machines) > 1:
             self.terminal.append(("the best time on each machine", best))
+        reduced = collectives.load(paths, data.warnings)  # the step model's input too
+        self.fits = collectives.fits(reduced)
         for machine in data.machines:
             self.machine(machine)
-        collectives.section(doc, collectives.load(paths, data.warnings), self.out)
+        collectives.section(doc, reduced, self.out)
         self.environments()
         self.left_out()
 
@@ -188,7 +191,7 @@ class Report:
                 what = f"{workload}: seconds per step against the link's rate, dashed: the model"
                 self.figure(m, "nodes", f"{workload}_nodes.png", what, used, lines)
 
-            scaling_report.section(self.doc, m.cluster, self.data.kept, draw)
+            scaling_report.section(self.doc, m.cluster, self.data.kept, draw, self.fits)
 
     def figure(self, m: Machine, plot: str, file: str, what: str, used: list[Entry], *args) -> None:
         """A plot of the group (none where there is nothing to draw), with its caption."""

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from common import flops
+from common import collectives, flops
 from compare import comm_model as cm
+from compare.collectives import fit_key
 from compare.records import FRAMEWORK_ORDER, Entry
 
 # The exchange a strategy makes; extra.engine's text is read only for a strategy not listed.
@@ -85,6 +86,20 @@ def layers(workload: str) -> int | None:
     return None if count is None else len(count())
 
 
+def measured_exchange(e: Entry, fits: dict) -> list[tuple[float, float | None]] | None:
+    """(seconds, ready) of each of the step's collectives (common.collectives.step_collectives),
+    timed at the engine's alpha and busbw fitted over the same link on the same machine
+    (compare.collectives.fits); None without both."""
+    made = collectives.step_collectives(e.rec.framework, e.rec.strategy, e.sync_bn)
+    fitted = fits.get(fit_key(e.rec.framework, e.nodes, e.link_name, e.rec.hardware))
+    same_model = e.rec.extra.get("gradient_bytes") == flops.gradient_bytes("resnet18")
+    if e.rec.workload != "resnet18" or not same_model or made is None or fitted is None:
+        return None
+    alpha, busbw = fitted
+    share = collectives.bus_factor(e.nodes)
+    return [(alpha + share * size / busbw, ready) for size, ready in made]
+
+
 def exchange(e: Entry, alg: str, n: int, grad: float, bandwidth: float, alpha: float = 0.0):
     """(comm, tail): the modelled seconds of a step's exchange of `grad` bytes over n nodes, and
     of the part of it that cannot overlap the backward."""
@@ -105,6 +120,7 @@ class Cell:
     bytes_measured: float | None = None
     bytes_model: float | None = None
     comm: float | None = None  # modelled seconds of the exchange per step
+    fitted: bool = False  # comm from the engine's all-reduce measured alone, not the TCP stream
     tail: float | None = None  # the part of it that cannot overlap the backward
     predicted: dict[str, float] = field(default_factory=dict)  # model -> seconds per step
     errors: dict[str, float] = field(default_factory=dict)  # model -> relative error
@@ -135,26 +151,34 @@ class Cell:
         return max(0.0, self.comm - self.exposed)
 
 
-def analyse(e: Entry, base: Entry | None) -> Cell:
+def analyse(e: Entry, base: Entry | None, fits: dict) -> Cell:
     cell = Cell(e, base, step_seconds(e), step_seconds(base), measured_bytes(e))
     alg, n, grad = algorithm(e), e.nodes, e.rec.extra.get("gradient_bytes")
     if n == 1 or alg is None or grad is None:
         return cell
     cell.bytes_model = cm.link_bytes(alg, n, grad)
-    if not (bits := link(e).get("measured_bps")):
-        return cell
-    cell.comm, cell.tail = exchange(e, alg, n, grad, bits / 8, link(e).get("latency_s") or 0.0)
-    if cell.compute is not None:
-        cell.predicted = {m: cm.step_time(m, cell.compute, cell.comm, cell.tail) for m in cm.MODELS}
+    bits = link(e).get("measured_bps")
+    if pieces := measured_exchange(e, fits):
+        cell.comm, cell.fitted = sum(t for t, _ in pieces), True
+        if cell.compute is not None:
+            overlapped = cm.timeline(cell.compute, pieces)
+            cell.predicted = {cm.SERIAL: cell.compute + cell.comm, cm.OVERLAPPED: overlapped}
+    elif bits:
+        latency = link(e).get("latency_s") or 0.0
+        cell.comm, cell.tail = exchange(e, alg, n, grad, bits / 8, latency)
+        if cell.compute is not None:
+            cell.predicted = {
+                m: cm.step_time(m, cell.compute, cell.comm, cell.tail) for m in cm.MODELS
+            }
     if cell.predicted and cell.step is not None:
         cell.errors = {m: cm.relative_error(t, cell.step) for m, t in cell.predicted.items()}
     return cell
 
 
-def cells_of(entries: list[Entry]) -> list[Cell]:
+def cells_of(entries: list[Entry], fits: dict) -> list[Cell]:
     """Every run of one workload with its engine's newest 1-node run (one of one device per node
     has no +sync-bn: the same math), in the table's order: framework, engine, the 1-node run
-    first, then by link and node count."""
+    first, then by link and node count. `fits`: compare.collectives.fits of the same files."""
     bases: dict[Engine, Entry] = {}
     for e in sorted(entries, key=lambda e: (e.time, e.order)):
         if e.nodes == 1:
@@ -162,7 +186,8 @@ def cells_of(entries: list[Entry]) -> list[Cell]:
     cells = []
     for e in entries:
         engine = engine_of(e)
-        cells.append(analyse(e, bases.get(engine) or bases.get(replace(engine, sync_bn=False))))
+        base = bases.get(engine) or bases.get(replace(engine, sync_bn=False))
+        cells.append(analyse(e, base, fits))
 
     def order(cell: Cell) -> tuple:
         e, rate = cell.entry, link(cell.entry).get("rate_bps")

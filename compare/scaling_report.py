@@ -21,14 +21,16 @@ EXPLANATION = (
     "cores of its own, the nodes joined by a link that only they use, at the rate `tc` gives it; "
     "each framework's own multi-node engine runs across them. Every run is set against its "
     "engine's 1-node run (the same framework, cores per device, preset and batch per device) "
-    "and against an alpha-beta model of its gradient exchange (compare/comm_model.py): per step, "
-    "each node's link carries 2 (n - 1) / n x G bytes each way, for a ring all-reduce and for a "
-    "parameter server with a server on every node alike (G: the float32 gradient), which takes "
-    "messages x latency + bytes / the link's measured throughput. Two models of a step: serial "
-    "(compute, then the exchange) and overlapped (the exchange beside the backward, but for a "
-    "tail that starts only when it ends); an engine's model is the one with the smaller mean "
-    f"error over its runs, used where that is at most {cm.MODEL_LIMIT:.0%}."
+    "and against a model of its step (compare/scaling.py): the 1-node step's compute plus the "
+    "collectives the engine makes per step (common/collectives.py: DDP's buckets, the "
+    "all-reduces of XLA's optimized program, Gluon's kvstore key per parameter), each timed at "
+    "the latency (alpha) and bus bandwidth fitted to the same engine's all-reduce measured alone "
+    "over the same link (the all-reduce section). Two models of a step: serial (compute, then "
+    "the collectives) and overlapped (the collectives beside the backward, but for the last, "
+    "which starts only when it ends); an engine's model is the one with the smaller mean error "
+    f"over its runs, used where that is at most {cm.MODEL_LIMIT:.0%}."
 )
+DAGGER = "†"
 NOTES = [
     "sec/epoch: median ± std over the timed epochs; speedup = the 1-node run's sec/epoch / this "
     "run's (the batch grows with the nodes, so this is the ratio of throughputs); efficiency = "
@@ -36,7 +38,9 @@ NOTES = [
     "s/step = batch_size / images_per_sec over the timed epochs; bytes/step measured: what node "
     "0's interface carried in those epochs, (sent + received) / 2 / steps, headers included; "
     "bytes/step model: 2 (n - 1) / n x G each way.",
-    "comm (model): latency x messages + bytes / the link's measured throughput; exposed comm: "
+    "comm (model): the sum over the step's collectives of alpha + 2 (n - 1) / n x bytes / busbw "
+    f"({DAGGER}: no all-reduce run of the engine over this link: latency x messages + bytes / "
+    "the link's TCP throughput measured before training, 2 (n - 1) / n x G); exposed comm: "
     "this run's s/step - the 1-node run's; overlap: comm (model) - exposed comm, at least 0: "
     "the exchange the compute hid, as far as the model is right.",
     "serial, overlapped: each model's s/step (its error against the measured one); within "
@@ -48,8 +52,8 @@ ONE_CORE_NOTE = (
     "On nodes of one core (cores/device 1, one device per node), the kernel's TCP work and the "
     "engine's reduction (gloo's, or ps-lite's servers') run on the node's only core, so "
     "communication costs compute time there: exposed comm counts that time as well as the wait "
-    "on the link, comm (model) only the link's time as measured before training, and overlap is "
-    "then a lower bound on what the compute hid."
+    "on the link. The all-reduce measured alone on such nodes counts it too, but not what the "
+    "compute beside it loses, so overlap is a lower bound on what the compute hid."
 )
 
 
@@ -90,7 +94,8 @@ def row(c: Cell, model: str | None) -> list[str]:
     cells += [fmt_speedup(s and s[0], star) if several else DASH]
     cells += [fmt_efficiency(s and s[1], star) if several else DASH, fmt_seconds(c.step)]
     cells += [fmt_bytes(c.bytes_measured), fmt_bytes(c.bytes_model)]
-    cells += [fmt_seconds(x) for x in (c.comm, c.exposed, c.overlap)]
+    cells += [fmt_seconds(c.comm) + ("" if c.fitted or c.comm is None else f" {DAGGER}")]
+    cells += [fmt_seconds(x) for x in (c.exposed, c.overlap)]
     cells += [fmt_model(c, cm.SERIAL), fmt_model(c, cm.OVERLAPPED)]
     if not c.errors:
         return [*cells, DASH, DASH]
@@ -172,13 +177,14 @@ def predicted_row(e: Entry, grad: int, name: str, bandwidth: float, n: int) -> l
     return [*cells, f"{t1 / serial:.0%} / {t1 / overlapped:.0%}"]
 
 
-def by_workload(cluster: list[Entry]):
+def by_workload(cluster: list[Entry], fits: dict):
     """(workload, its runs, their cells, the model chosen per engine) of each workload with
-    cluster runs: what the report and docs/results.md both show."""
+    cluster runs: what the report and docs/results.md both show. `fits`: the all-reduce runs'
+    (compare.collectives.fits)."""
     for workload in WORKLOADS:
         mine = [e for e in cluster if e.rec.workload == workload]
         if mine:
-            cells = cells_of(mine)
+            cells = cells_of(mine, fits)
             yield workload, mine, cells, choices(cells)
 
 
@@ -187,22 +193,22 @@ def predicted(kept: list[Entry], cluster: list[Entry]) -> list[Table | str]:
     return [predictions(kept, cluster, workload) for workload in workloads]
 
 
-def docs_items(cluster: list[Entry], gpus: list[Entry]) -> tuple[list, list[Table | str]]:
+def docs_items(cluster: list[Entry], gpus: list[Entry], fits: dict) -> tuple[list, list]:
     """What docs/results.md shows of one group's cluster runs (compare/readme.py): each
     workload's title and table, then the predictions from the 1-GPU records of the engines the
     cluster ran on several nodes, so each prediction's compute is the engine it predicts."""
-    tables = [nodes_table(w, cells, chosen) for w, _, cells, chosen in by_workload(cluster)]
+    tables = [nodes_table(w, cells, chosen) for w, _, cells, chosen in by_workload(cluster, fits)]
     engines = {(e.rec.framework, e.label) for e in cluster if e.nodes > 1}
     mine = [e for e in gpus if (e.rec.framework, e.label) in engines]
     return [x for t in tables for x in (f"{t.title}:", t)], predicted(mine, cluster)
 
 
-def section(doc: Doc, cluster: list[Entry], kept: list[Entry], draw: Callable) -> None:
+def section(doc: Doc, cluster: list[Entry], kept: list[Entry], draw: Callable, fits: dict) -> None:
     """The section of one group's cluster runs; `draw(workload, lines, used)` adds a plot after
     each table; `kept`: every record the report shows, where the predictions find their GPUs."""
     doc.heading(3, HEADING)
     doc.para(EXPLANATION)
-    for workload, mine, cells, chosen in by_workload(cluster):
+    for workload, mine, cells, chosen in by_workload(cluster, fits):
         doc.heading(4, f"{workload} across nodes")
         doc.table(nodes_table(workload, cells, chosen))
         draw(workload, lines(cells, chosen), mine)

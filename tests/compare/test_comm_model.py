@@ -132,3 +132,34 @@ def test_prediction_constants_are_named_with_units():
     assert cm.NET_100G_BYTES_PER_S == 100e9 / 8  # bits to bytes
     assert all(counts == (2, 8) for _, _, counts in cm.PREDICTED)
     assert all(math.isfinite(bw) and bw > 0 for _, bw, _ in cm.PREDICTED)
+
+
+def check_timeline(timeline) -> None:
+    """A 3 s step: forward 1 s, backward 2 s. A 0.5 s collective ready at a quarter of the
+    backward (1.5 s) ends at 2 s; a 1 s one ready at half (2 s) ends at 3 s; a 0.4 s one ready
+    at the end (3 s) ends at 3.4 s. One the compute waits for (ready None, 0.25 s) lengthens
+    the forward. A 1.8 s one ready at once holds the link until 2.8 s: the next, ready at
+    1.2 s, ends at 3.3 s."""
+    pieces = [(0.5, 0.25), (1.0, 0.5), (0.4, 1.0)]
+    assert timeline(3.0, pieces) == pytest.approx(3.4)
+    assert timeline(3.0, [(0.25, None), *pieces]) == pytest.approx(3.65)
+    assert timeline(3.0, [(1.8, 0.0), (0.5, 0.1)]) == pytest.approx(3.3)
+    assert timeline(3.0, [(0.1, 0.0)]) == pytest.approx(3.0)  # hidden: the compute
+
+
+def test_the_timeline_starts_each_collective_when_ready_and_the_link_free():
+    check_timeline(cm.timeline)
+
+
+@pytest.mark.parametrize(
+    "bug",
+    [
+        lambda t, pieces: t + sum(x for x, _ in pieces),  # nothing hides: serial
+        lambda t, pieces: max([t] + [t / 3 + (r or 0) * t * 2 / 3 + x for x, r in pieces]),
+        lambda t, pieces: max(t, sum(x for x, _ in pieces)),  # all of it hides
+    ],
+    ids=["serial", "link never busy", "no tail"],
+)
+def test_the_timeline_test_fails_on_a_planted_bug(bug):
+    with pytest.raises(AssertionError):
+        check_timeline(bug)

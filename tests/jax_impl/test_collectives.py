@@ -4,16 +4,18 @@ gradient (and the running statistics, small), nothing in the forward pass. With 
 model sees the global batch: XLA all-reduces BatchNorm's statistics, and their gradients, in
 every layer, each a barrier of every device (docs/results.md, "Scaling across nodes")."""
 
+import math
 import re
 
 import jax
 import numpy as np
 import pytest
 
+from common import collectives
 from jax_impl import resnet18 as r18
 from tests.fixtures import runs
 
-BATCHNORMS = 20  # d2l's ResNet-18: the stem's and two per residual block, 8 blocks, + 3 shortcuts
+BATCHNORMS = 17  # d2l's ResNet-18: the stem's and two per residual block (8); none on a shortcut
 
 
 def all_reduces(devices, sync=False) -> list[str]:
@@ -50,3 +52,19 @@ def test_sync_batchnorm_all_reduces_in_every_layer_and_the_gradient():
     # at least one per BatchNorm forward (its batch statistics), then the gradients'
     assert len(found) > BATCHNORMS, found
     assert conv_gradients(found) >= 16, found
+
+
+def operand_bytes(shape: str) -> int:
+    """The bytes of an all-reduce's float32 operands: `f32[2,64]{1,0}` or a tuple of them."""
+    dims = re.findall(r"f32\[([0-9,]*)\]", shape)
+    return sum(4 * math.prod(int(d) for d in each.split(",") if d) for each in dims)
+
+
+@pytest.mark.parametrize("sync", [False, True], ids=["per-device", "sync-bn"])
+def test_the_step_model_counts_the_all_reduces_and_bytes_xla_makes(sync):
+    """compare.scaling times each of common.collectives.step_collectives at the engine's fitted
+    alpha and busbw: their count (alpha's share) and bytes (busbw's) are the optimized
+    program's."""
+    found = [operand_bytes(shape) for shape in all_reduces(jax.devices("cpu")[:2], sync)]
+    modelled = [size for size, _ in collectives.step_collectives("jax", "sharding", sync)]
+    assert (len(modelled), sum(modelled)) == (len(found), sum(found))

@@ -36,6 +36,8 @@ def test_parameter_count_and_names():
     shapes = r18.weight_shapes(r18.resnet18())
     stats = ("running_mean", "running_var")
     assert sum(int(np.prod(s)) for k, s in shapes.items() if not k.endswith(stats)) == PARAMS
+    trained = {k: s for k, s in shapes.items() if not k.endswith(stats)}
+    assert trained == flops.parameter_shapes("resnet18")  # the step model's (compare.scaling)
     assert shapes["stem.conv.weight"] == (64, 1, 3, 3)  # OIHW in the exchange format
     assert shapes["layer2.0.shortcut.weight"] == (128, 64, 1, 1)
     assert shapes["layer1.0.bn1.running_mean"] == (64,)

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common import cli, config, data, devices, flops, weights
+from common import cli, collectives, config, data, devices, flops, weights
 from tests.fixtures import gpu_checks, numerics, runs
 from torch_impl import devices as tdev
 from torch_impl import guard, launch
@@ -33,6 +33,8 @@ def test_parameter_count_and_names():
     net = r18.resnet18()
     assert sum(p.numel() for p in net.parameters()) == PARAMS
     shapes = r18.weight_shapes(net)
+    names = [name for name, _ in net.named_parameters()]  # the order DDP buckets them in
+    assert [(n, shapes[n]) for n in names] == list(flops.parameter_shapes("resnet18").items())
     assert shapes["stem.conv.weight"] == (64, 1, 3, 3)
     assert shapes["layer2.0.shortcut.weight"] == (128, 64, 1, 1)
     assert shapes["layer1.0.bn1.running_mean"] == (64,)
@@ -366,3 +368,34 @@ def test_float32_gradients_match_float64(device):
     moved = numerics.perturb({**w, "input": x})
     off = _gradients(cpu, torch.float64, moved, moved.pop("input"), decisions)
     gpu_checks.check_float32_gradients(f"torch resnet18 {device} float32 gradient", got, want, off)
+
+
+def test_the_step_model_has_ddps_buckets(tmp_path):
+    """compare.scaling times each of common.collectives.step_collectives: for DDP, the buckets
+    it rebuilds in the order the backward readies the gradients (seen by a comm hook on the
+    third step). Within a layer that order is the backward's (a bias before its weight, or
+    after), so a bucket's edge may move by a layer's bias or BatchNorm vector: 2 x 512 floats."""
+    import torch.distributed as dist
+
+    store = f"file://{tmp_path / 'store'}"
+    dist.init_process_group("gloo", init_method=store, rank=0, world_size=1)
+    try:
+        net, seen = torch.nn.parallel.DistributedDataParallel(r18.resnet18()), []
+
+        def hook(steps, bucket):
+            if bucket.index() == 0:
+                steps.append([])
+            steps[-1].append(bucket.buffer().numel() * bucket.buffer().element_size())
+            done = torch.futures.Future()
+            done.set_result(bucket.buffer())
+            return done
+
+        net.register_comm_hook(seen, hook)
+        x, y = torch.zeros(2, 1, 28, 28), torch.zeros(2, dtype=torch.long)
+        for _ in range(3):
+            torch.nn.functional.cross_entropy(net(x), y).backward()
+    finally:
+        dist.destroy_process_group()
+    modelled = [size for size, _ in collectives.step_collectives("torch", "ddp", sync_bn=False)]
+    assert len(seen[-1]) == len(modelled) == 3, (seen, modelled)
+    assert np.allclose(seen[-1], modelled, rtol=0, atol=2 * 512 * 4), (seen, modelled)
