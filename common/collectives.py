@@ -171,14 +171,16 @@ def step_collectives(framework: str, strategy: str, sync_bn: bool) -> list[tuple
     if (framework, strategy) == ("mxnet", "dist"):
         return grads  # Gluon's Trainer: a key per parameter
     if (framework, strategy) == ("jax", "sharding"):
-        # XLA's optimized program (tests/jax_impl/test_collectives.py holds the count and bytes)
+        # XLA's optimized program (tests/jax_impl/test_collectives.py holds it to it): the
+        # gradient in one all-reduce op after the backward, whose every operand XLA:CPU's
+        # collectives reduce by itself; a gloo all-reduce each, in turn.
         channels = [s[0] for k, s in shapes.items() if ".bn" in k and k.endswith(".weight")]
-        gradient = sum(size for size, _ in grads) + ELEMENT_BYTES  # and the step's loss
-        if not sync_bn:  # one all-reduce, with BatchNorm's running means and variances
-            return [(gradient + 2 * ELEMENT_BYTES * sum(channels), 1.0)]
+        at_end = [(size, 1.0) for size, _ in grads] + [(ELEMENT_BYTES, 1.0)]  # and the loss
+        if not sync_bn:  # each BatchNorm's running mean and variance, averaged with them
+            return at_end + [(ELEMENT_BYTES * c, 1.0) for c in channels for _ in range(2)]
         forward = [(2 * ELEMENT_BYTES * c, None) for c in channels]  # mean and mean square
         backward = [(ELEMENT_BYTES * c, None) for c in reversed(channels)]  # their gradients
-        return [*forward, *backward, (gradient, 1.0)]
+        return [*forward, *backward, *at_end]
     return None
 
 

@@ -36,14 +36,23 @@ DDP_BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb: the last bucket af
 # second of each rank's link: comm = link_bytes / busbw). H100 SXM over NVLink 4: all_reduce_perf
 # is reported at 370 to 460-480 GB/s (nccl-tests; docs.alayanew.com's guide for 8 x H100 SXM5);
 # the lower is taken, so the prediction errs slow. 100 Gb/s Ethernet or InfiniBand EDR: the line
-# rate, above TCP's or RDMA's goodput, so that prediction errs fast. No latency term (alpha = 0):
-# at ResNet-scale gradients the bandwidth term is the exchange.
+# rate, above TCP's or RDMA's goodput, so that prediction errs fast. Each all-reduce costs
+# NCCL's own latency for a ring in its Simple protocol, the one it picks for buffers of
+# megabytes (src/graph/tuning.cc, baseLat and hwLat): 8.4 us, plus per step of the ring's
+# 2 (n - 1), 3.4 us over NVLink and 9.6 us over the network (nccl_latency). Measured beside it:
+# a small all-reduce of 2 H100s takes about 6 us (NVIDIA/nccl issue 1259).
 NVLINK_H100_BYTES_PER_S = 370e9
 NET_100G_BYTES_PER_S = 100e9 / 8
-PREDICTED = (  # (interconnect, bytes per second, device counts)
-    ("NVLink (H100), GPUs in one node", NVLINK_H100_BYTES_PER_S, (2, 8)),
-    ("100 Gb/s network, one GPU per node", NET_100G_BYTES_PER_S, (2, 8)),
+NCCL_BASE_LATENCY_S = 8.4e-6
+PREDICTED = (  # (interconnect, bytes per second, seconds per ring step, device counts)
+    ("NVLink (H100), GPUs in one node", NVLINK_H100_BYTES_PER_S, 3.4e-6, (2, 8)),
+    ("100 Gb/s network, one GPU per node", NET_100G_BYTES_PER_S, 9.6e-6, (2, 8)),
 )
+
+
+def nccl_latency(n: int, step_latency: float) -> float:
+    """Seconds of one ring all-reduce of n ranks before its bytes: NCCL's base and its steps."""
+    return NCCL_BASE_LATENCY_S + 2 * (n - 1) * step_latency
 
 
 def link_bytes(algorithm: str, n: int, gradient_bytes: float) -> float:

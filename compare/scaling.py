@@ -100,6 +100,21 @@ def measured_exchange(e: Entry, fits: dict) -> list[tuple[float, float | None]] 
     return [(alpha + share * size / busbw, ready) for size, ready in made]
 
 
+def nccl_exchange(e: Entry, n: int, grad: float, bandwidth: float, step_latency: float):
+    """(seconds, ready) of each of the step's collectives (as measured_exchange) over an
+    interconnect not lent: NCCL's latency (comm_model.nccl_latency) and its bus bandwidth; None
+    unless `grad`, the cluster's gradient, is ResNet-18's.
+    XLA:GPU hands an op's operands to NCCL together: those at the backward's end are one."""
+    made = collectives.step_collectives(e.rec.framework, e.rec.strategy, e.sync_bn)
+    if made is None or e.rec.workload != "resnet18" or grad != flops.gradient_bytes("resnet18"):
+        return None
+    if e.rec.framework == "jax":
+        at_end = sum(size for size, ready in made if ready == 1.0)
+        made = [(size, ready) for size, ready in made if ready != 1.0] + [(at_end, 1.0)]
+    alpha, share = cm.nccl_latency(n, step_latency), collectives.bus_factor(n)
+    return [(alpha + share * size / bandwidth, ready) for size, ready in made]
+
+
 def exchange(e: Entry, alg: str, n: int, grad: float, bandwidth: float, alpha: float = 0.0):
     """(comm, tail): the modelled seconds of a step's exchange of `grad` bytes over n nodes, and
     of the part of it that cannot overlap the backward."""

@@ -12,7 +12,17 @@ from compare import records
 from compare.checks import WORKLOADS
 from compare.records import Entry
 from compare.render import Doc
-from compare.scaling import Cell, Engine, cells_of, choices, engine_of, exchange, link, step_seconds
+from compare.scaling import (
+    Cell,
+    Engine,
+    cells_of,
+    choices,
+    engine_of,
+    exchange,
+    link,
+    nccl_exchange,
+    step_seconds,
+)
 from compare.tables import DASH, STAR, Table, decimals, fmt_efficiency, fmt_speedup, time_cell
 
 HEADING = "Scaling across nodes"
@@ -139,10 +149,12 @@ def x_of(c: Cell) -> float | None:
 
 
 PREDICTIONS_NOTE = (
-    "Predictions, not measurements: the model of this section with the interconnect's bandwidth "
-    "(comm_model.PREDICTED, its source there) and no latency term, each GPU keeping the batch of "
-    "its 1-GPU record, whose s/step is the compute; serial and overlapped bound the step. G is "
-    "the gradient_bytes of this section's records."
+    "Predictions, not measurements: the step's collectives of this section's model, each at "
+    "the interconnect's bus bandwidth and NCCL's own latency for a ring all-reduce "
+    "(comm_model.PREDICTED and nccl_latency, their sources there), each GPU keeping the batch "
+    "of its 1-GPU record, whose s/step is the compute; serial and overlapped bound the step. "
+    "JAX's are XLA's CPU program's, its operands at the backward's end one all-reduce as "
+    "XLA:GPU hands them to NCCL; XLA:GPU may split or schedule them otherwise."
 )
 
 
@@ -160,16 +172,20 @@ def predictions(kept: list[Entry], cluster: list[Entry], workload: str = "resnet
     headers += ["efficiency serial / overlapped"]
     body = []
     for e in gpus:
-        for name, bandwidth, counts in cm.PREDICTED:
-            body += [predicted_row(e, grad, name, bandwidth, n) for n in counts]
+        for name, bandwidth, step_latency, counts in cm.PREDICTED:
+            body += [predicted_row(e, grad, name, bandwidth, step_latency, n) for n in counts]
     title = f"{workload}: predictions, not measurements"
     return Table(title, headers, body, [PREDICTIONS_NOTE])
 
 
-def predicted_row(e: Entry, grad: int, name: str, bandwidth: float, n: int) -> list[str]:
-    comm, tail = exchange(e, cm.RING, n, grad, bandwidth)
+def predicted_row(e: Entry, grad: int, name: str, bandwidth: float, hop: float, n: int) -> list:
     t1 = step_seconds(e)
-    serial, overlapped = cm.serial(t1, comm), cm.overlapped(t1, comm, tail)
+    if pieces := nccl_exchange(e, n, grad, bandwidth, hop):
+        comm = sum(t for t, _ in pieces)
+        serial, overlapped = cm.serial(t1, comm), cm.timeline(t1, pieces)
+    else:  # another gradient than ResNet-18's: in one piece or DDP's buckets, a step per hop
+        comm, tail = exchange(e, cm.RING, n, grad, bandwidth, hop)
+        serial, overlapped = cm.serial(t1, comm), cm.overlapped(t1, comm, tail)
     gpu = records.hardware_text(records.hardware_key(e.rec), 1, False)
     cells = [gpu, f"{e.rec.framework} {e.label}", fmt_seconds(t1), name, str(n)]
     cells += [fmt_bytes(cm.link_bytes(cm.RING, n, grad))]

@@ -127,11 +127,14 @@ def test_a_model_is_chosen_only_within_the_limit():
 
 
 def test_prediction_constants_are_named_with_units():
-    names = [name for name, _, _ in cm.PREDICTED]
+    names = [name for name, *_ in cm.PREDICTED]
     assert any("NVLink" in n for n in names) and any("100 Gb/s" in n for n in names)
     assert cm.NET_100G_BYTES_PER_S == 100e9 / 8  # bits to bytes
-    assert all(counts == (2, 8) for _, _, counts in cm.PREDICTED)
-    assert all(math.isfinite(bw) and bw > 0 for _, bw, _ in cm.PREDICTED)
+    assert all(counts == (2, 8) for *_, counts in cm.PREDICTED)
+    assert all(math.isfinite(bw) and bw > 0 for _, bw, _, _ in cm.PREDICTED)
+    # NCCL's ring latency in its Simple protocol: 8.4 us + 2 (n - 1) steps
+    assert cm.nccl_latency(2, 3.4e-6) == pytest.approx(15.2e-6)
+    assert cm.nccl_latency(8, 9.6e-6) == pytest.approx(142.8e-6)
 
 
 def check_timeline(timeline) -> None:

@@ -152,11 +152,12 @@ def test_predictions_are_labelled_and_come_from_the_one_gpu_record(built):
         "| 1 x Fixture GPU 80GB | torch ddp | 0.100 s | NVLink (H100), GPUs in one node | 2 |"
         in (text)
     )
-    # 8 nodes at 100 Gb/s: 70 MB in 5.6 ms; serial 0.1056 s, 95%; the last bucket's 3.67 ms
-    # after the compute: 0.1037 s, 96%
+    # 8 nodes at 100 Gb/s, the fixture's gradient not ResNet-18's: two buckets, 2 x 14 ring
+    # steps of 9.6 us and 70 MB in 5.6 ms = 5.87 ms; serial 0.1059 s, 94%; the last bucket's
+    # 14 x 9.6 us + 45.9 MB / 12.5 GB/s = 3.80 ms after the compute: 0.1038 s, 96%
     assert (
-        "| 100 Gb/s network, one GPU per node | 8 | 70.0 MB | 0.00560 s | 0.106 s | 0.104 s "
-        "| 95% / 96% |" in text
+        "| 100 Gb/s network, one GPU per node | 8 | 70.0 MB | 0.00587 s | 0.106 s | 0.104 s "
+        "| 94% / 96% |" in text
     )
     assert "Predictions, not measurements:" in text
 
@@ -274,3 +275,19 @@ def test_a_fit_from_another_machine_or_gradient_is_not_used():
     assert not any(c.fitted for c in scaling.cells_of(entries, measured.fits([reduce])))
     reduce["hardware"] = fc.BOX  # the machine's, but the fixture's gradient is not ResNet-18's
     assert not any(c.fitted for c in scaling.cells_of(entries, measured.fits([reduce])))
+
+
+def test_predictions_of_resnet18_time_each_collective_at_nccls_latency():
+    """A 1-GPU ResNet-18 record beside cluster runs of ResNet-18's gradient: DDP's three
+    buckets, each 8.4 us + 2 (n - 1) ring steps of 3.4 us over NVLink, and its bytes."""
+    recs = fc.cluster()
+    for r in recs:
+        r.extra["gradient_bytes"] = flops.gradient_bytes("resnet18")
+    entries = [records.Entry(r, "r.jsonl", i) for i, r in enumerate([*recs, fc.gpu_record()])]
+    table = scaling_report.predictions(entries, entries[:-1])
+    row = next(r for r in table.rows if r[3].startswith("NVLink") and r[4] == "8")
+    buckets = collectives.step_collectives("torch", "ddp", sync_bn=False)
+    alpha = 8.4e-6 + 2 * 7 * 3.4e-6
+    comm = sum(alpha + 2 * 7 / 8 * size / cm.NVLINK_H100_BYTES_PER_S for size, _ in buckets)
+    assert row[6] == scaling_report.fmt_seconds(comm)  # 3 x 56 us + 78.2 MB / 370 GB/s
+    assert row[7] == scaling_report.fmt_seconds(fc.GPU_STEP + comm)
