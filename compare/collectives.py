@@ -236,11 +236,6 @@ def fit_text(alpha: float, busbw: float | None, error: float) -> str:
     return f"alpha {alpha * 1e6:.0f} us, {bandwidth} (median error of the fit {error:.0%})"
 
 
-def predict(nbytes: float, ranks: int, alpha: float, busbw: float) -> float:
-    """The model's time of one all-reduce of `nbytes` over `ranks`."""
-    return alpha + collectives.bus_factor(ranks) * nbytes / busbw
-
-
 # --- the report's section -----------------------------------------------------------------------
 
 
@@ -252,10 +247,8 @@ def fits(records: list[dict]) -> dict[tuple, tuple[float, float]]:
         alpha, busbw, _ = fit(rec["rows"], rec["ranks"])
         if busbw is not None:
             link = rec.get("link", {}).get("name", "loopback")
-            out[fit_key(rec["framework"], rec["ranks"], link, rec.get("hardware", {}))] = (
-                alpha,
-                busbw,
-            )
+            key = fit_key(rec["framework"], rec["ranks"], link, rec.get("hardware", {}))
+            out[key] = (alpha, busbw)
     return out
 
 
@@ -349,8 +342,9 @@ FIT_NOTE = (
 )
 
 
-def plot(path: Path, records: list[dict]) -> Path | None:
-    """Time against size, log-log, a panel per engine and a line per setting."""
+def plot(path: Path, records: list[dict], metadata: dict | None = None) -> Path | None:
+    """Time against size, log-log, a panel per engine and a line per setting; `metadata`: the
+    PNG's text chunks."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -373,7 +367,7 @@ def plot(path: Path, records: list[dict]) -> Path | None:
     axes[0].set_ylabel("seconds per all-reduce")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, metadata=metadata)
     return path
 
 

@@ -40,7 +40,7 @@ DDP_BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb: the last bucket af
 # NCCL's own latency for a ring in its Simple protocol, the one it picks for buffers of
 # megabytes (src/graph/tuning.cc, baseLat and hwLat): 8.4 us, plus per step of the ring's
 # 2 (n - 1), 3.4 us over NVLink and 9.6 us over the network (nccl_latency). Measured beside it:
-# a small all-reduce of 2 H100s takes about 6 us (NVIDIA/nccl issue 1259).
+# a small all-reduce of 2 H100s takes about 6 us (a user's nccl-tests run on NCCL's tracker).
 NVLINK_H100_BYTES_PER_S = 370e9
 NET_100G_BYTES_PER_S = 100e9 / 8
 NCCL_BASE_LATENCY_S = 8.4e-6

@@ -9,7 +9,6 @@ file as the report's "Scaling across nodes" shows it), and the figure of the REA
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from common import results
-from compare import collectives, figure, records, resnet50, scaling_report, tables
+from compare import cluster, collectives, figure, records, resnet50, scaling_report, tables
 from compare.checks import WORKLOADS
 from compare.records import Entry, Machine
 from compare.render import markdown_table, quoted
@@ -195,12 +194,9 @@ def scaling_part(reference: list[Machine], root: Path) -> str:
 
 def allreduce_line(path: str, reduced: list[dict]) -> str:
     """`**Each engine's all-reduce alone** (file; versions; commits)`, from the records."""
-    versions = []
-    for fw in records.FRAMEWORK_ORDER:
-        found = sorted(
-            {str(r.get("versions", {}).get(fw)) for r in reduced if r["framework"] == fw}
-        )
-        versions += [f"{fw} {'/'.join(found)}"] if found else []
+    order = list(cluster.ENGINES)
+    found = {(r["framework"], str(r.get("versions", {}).get(r["framework"]))) for r in reduced}
+    versions = [f"{fw} {v}" for fw, v in sorted(found, key=lambda x: order.index(x[0]))]
     commits = sorted({str(r.get("git_commit")) for r in reduced})
     return (
         f"**Each engine's all-reduce alone** (`{path}`; {', '.join(versions)}; "
@@ -208,18 +204,12 @@ def allreduce_line(path: str, reduced: list[dict]) -> str:
     )
 
 
-def collectives_figure(root: Path) -> tuple[list[dict], list[str]]:
-    """The all-reduce records the plot draws (every committed cluster file's newest), and why
-    the committed plot is stale (none: it matches them)."""
+def collectives_figure(root: Path) -> tuple[list[dict], dict]:
+    """The all-reduce records of every committed cluster file (the newest of each run) and the
+    data the plot of them shows (figure.stale and the sidecar compare it)."""
     reduced = collectives.latest(collectives.load([root / p for p in cluster_files(root)]))
-    drawn = [{k: r[k] for k in ("framework", "ranks", "link", "rows")} for r in reduced]
-    sidecar, png = root / COLLECTIVES_DATA, root / COLLECTIVES_FIGURE
-    if not reduced:
-        return drawn, []
-    if not png.is_file() or not sidecar.is_file():
-        return drawn, ["missing"]
-    same = sidecar.read_text(encoding="utf-8") == json.dumps(drawn, sort_keys=True)
-    return drawn, [] if same else ["drawn from other records"]
+    keys = ("framework", "ranks", "link", "rows", "collective")
+    return reduced, {"runs": [{k: r.get(k) for k in keys} for r in reduced]}
 
 
 def shown_path(source: str, root: Path) -> str:
@@ -378,8 +368,10 @@ def main(argv: list[str] | None = None, root: Path = ROOT) -> int:
     png, sidecar = root / FIGURE, root / FIGURE_DATA
     stale = [(p.path, f"{p.what} differ from the records") for p, old, new in texts if new != old]
     stale += [(shown_path(str(f), root), why) for f, why in figure.stale(data, png, sidecar)]
-    drawn, why = collectives_figure(root)
-    stale += [(COLLECTIVES_FIGURE, why[0])] if why else []
+    reduced, drawn = collectives_figure(root)
+    plot, plot_data = root / COLLECTIVES_FIGURE, root / COLLECTIVES_DATA
+    plot_stale = figure.stale(drawn, plot, plot_data) if reduced else []
+    stale += [(shown_path(str(f), root), why) for f, why in plot_stale]
     if args.check:
         for path, why in stale:
             print(f"{path}: {why}; run `make readme-tables`", file=sys.stderr)
@@ -391,10 +383,9 @@ def main(argv: list[str] | None = None, root: Path = ROOT) -> int:
             (root / part.path).write_text(new, encoding="utf-8")
     if figure.stale(data, png, sidecar):
         figure.write(data, png, sidecar)
-    if why:
-        reduced = collectives.latest(collectives.load([root / p for p in cluster_files(root)]))
-        collectives.plot(root / COLLECTIVES_FIGURE, reduced)
-        (root / COLLECTIVES_DATA).write_text(json.dumps(drawn, sort_keys=True), encoding="utf-8")
+    if plot_stale:
+        collectives.plot(plot, reduced, metadata={figure.KEY: figure.encode(drawn)})
+        plot_data.write_text(figure.encode(drawn), encoding="utf-8")
     if stale:
         done = ", ".join(dict.fromkeys(path for path, _ in stale))
         print(f"rewritten from {', '.join([*REFERENCE, *cluster_files(root)])}: {done}")

@@ -64,7 +64,7 @@ def test_the_part_is_made_from_each_cluster_file(root, capsys):
     measured, predicted = text.split(readme.PREDICTIONS_LABEL)
     assert measured.count("> On nodes of one core") == 1
     assert measured.count("> sec/epoch: median ± std over the timed epochs") == 1
-    assert "> Predictions, not measurements: the model of this section" in predicted
+    assert "> Predictions, not measurements: the step's collectives of this section" in predicted
     # the H100's 1-GPU record of the one engine both ran (torch ddp; no MXNet on the GPU), at
     # 2 and 8 devices on each interconnect, with the cluster's 40 MB of gradient
     gpus = table_rows(predicted, "GPU (1-device record)")
