@@ -17,7 +17,8 @@ gradient in pieces (DDP's buckets) pays them per piece. k ranks per node of one 
 A step (t_compute: the same step on one node): serial, t = t_compute + comm; overlapped, the
 exchange beside the backward but for a tail that starts only when the backward ends (the first
 layers' gradient: DDP's last bucket, or about one layer's share): t = max(t_compute, comm - tail)
-+ tail, so a step that is all link costs comm, not comm + tail.
++ tail, so a step that is all link costs comm, not comm + tail. Where each collective of the
+step is known with its own time (compare/scaling.py), `timeline` places them one by one.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ ALGORITHMS = (RING, PS)
 SERIAL, OVERLAPPED = "serial", "overlapped"
 MODELS = (SERIAL, OVERLAPPED)
 MODEL_LIMIT = 0.15  # the most |relative error| a model may have and still be said to fit
-DDP_BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb: the last bucket after the backward
 # Interconnects not lent, for predictions only, as nccl-tests' bus bandwidth (the bytes per
 # second of each rank's link: comm = link_bytes / busbw). H100 SXM over NVLink 4: all_reduce_perf
 # is reported at 370 to 460-480 GB/s (nccl-tests; docs.alayanew.com's guide for 8 x H100 SXM5);

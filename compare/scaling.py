@@ -1,5 +1,7 @@
 """Scaling across nodes: each run of the cluster in one box (extra.nodes) against its engine's
-1-node run and the alpha-beta model of compare/comm_model.py.
+1-node run and a model of its step: the step's collectives (common.collectives.step_collectives)
+at the fit of the engine's all-reduce over the same link (compare.collectives), or, without
+one, the alpha-beta model of the gradient's bytes in compare/comm_model.py.
 
 Per step: seconds per step = batch_size / images_per_sec over the timed epochs, whose steps are
 whole batches in the bounded epochs of the scaling runs; extra.link_bytes counts the same epochs,
@@ -118,7 +120,7 @@ def nccl_exchange(e: Entry, n: int, grad: float, bandwidth: float, step_latency:
 def exchange(e: Entry, alg: str, n: int, grad: float, bandwidth: float, alpha: float = 0.0):
     """(comm, tail): the modelled seconds of a step's exchange of `grad` bytes over n nodes, and
     of the part of it that cannot overlap the backward."""
-    bucket = cm.DDP_BUCKET_BYTES if (e.rec.framework, e.rec.strategy) in BUCKETED else None
+    bucket = collectives.DDP_BUCKET_BYTES if (e.rec.framework, e.rec.strategy) in BUCKETED else None
     comm = cm.comm_time(alg, n, grad, bandwidth, alpha, cm.pieces(grad, bucket))
     share = cm.tail_share(grad, bucket, layers(e.rec.workload))
     return comm, cm.comm_time(alg, n, share * grad, bandwidth, alpha)

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from common import collectives
 from compare import comm_model as cm
 
 G = 1000.0
@@ -104,7 +105,7 @@ def test_the_two_step_models():
 
 
 def test_tail_and_pieces():
-    bucket = cm.DDP_BUCKET_BYTES
+    bucket = collectives.DDP_BUCKET_BYTES
     assert bucket == 25 * 2**20
     assert cm.pieces(40e6, bucket) == 2 and cm.pieces(10e6, bucket) == 1
     assert cm.pieces(40e6, None) == 1
