@@ -19,7 +19,7 @@ from common import results
 from compare import cluster, collectives, figure, records, resnet50, scaling_report, tables
 from compare.checks import WORKLOADS
 from compare.records import Entry, Machine
-from compare.render import markdown_table, quoted
+from compare.render import escape, markdown_table, quoted
 from compare.tables import DASH, STAR, Table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -196,8 +196,8 @@ def allreduce_line(path: str, reduced: list[dict]) -> str:
     """`**Each engine's all-reduce alone** (file; versions; commits)`, from the records."""
     order = list(cluster.ENGINES)
     found = {(r["framework"], str(r.get("versions", {}).get(r["framework"]))) for r in reduced}
-    versions = [f"{fw} {v}" for fw, v in sorted(found, key=lambda x: order.index(x[0]))]
-    commits = sorted({str(r.get("git_commit")) for r in reduced})
+    versions = [escape(f"{fw} {v}") for fw, v in sorted(found, key=lambda x: order.index(x[0]))]
+    commits = sorted({escape(results.short_commit(r.get("git_commit"))) for r in reduced})
     return (
         f"**Each engine's all-reduce alone** (`{path}`; {', '.join(versions)}; "
         f"commit {', '.join(commits)}; the plot: `{COLLECTIVES_FIGURE}`)"
