@@ -88,33 +88,38 @@ def layers(workload: str) -> int | None:
     return None if count is None else len(count())
 
 
-def measured_exchange(e: Entry, fits: dict) -> list[tuple[float, float | None]] | None:
-    """(seconds, ready) of each of the step's collectives (common.collectives.step_collectives),
-    timed at the engine's alpha and busbw fitted over the same link on the same machine
-    (compare.collectives.fits); None without both."""
-    made = collectives.step_collectives(e.rec.framework, e.rec.strategy, e.sync_bn)
-    fitted = fits.get(fit_key(e.rec.framework, e.nodes, e.link_name, e.rec.hardware))
-    same_model = e.rec.extra.get("gradient_bytes") == flops.gradient_bytes("resnet18")
-    if e.rec.workload != "resnet18" or not same_model or made is None or fitted is None:
+def made(e: Entry, grad: float | None) -> list[tuple] | None:
+    """The step's collectives of `e`'s engine (common.collectives.step_collectives), as
+    (bytes, ready); None unless its model is ResNet-18 and `grad` ResNet-18's gradient."""
+    if e.rec.workload != "resnet18" or grad != flops.gradient_bytes("resnet18"):
         return None
-    alpha, busbw = fitted
-    share = collectives.bus_factor(e.nodes)
-    return [(alpha + share * size / busbw, ready) for size, ready in made]
+    return collectives.step_collectives(e.rec.framework, e.rec.strategy, e.sync_bn)
+
+
+def timed(pieces: list[tuple], n: int, alpha: float, busbw: float) -> list[tuple]:
+    """(seconds, ready) of each (bytes, ready): alpha + 2 (n - 1) / n x bytes / busbw."""
+    return [(alpha + collectives.bus_factor(n) * size / busbw, ready) for size, ready in pieces]
+
+
+def measured_exchange(e: Entry, fits: dict) -> list[tuple[float, float | None]] | None:
+    """The step's collectives timed at the engine's alpha and busbw fitted over the same link
+    on the same machine (compare.collectives.fits); None without both."""
+    pieces = made(e, e.rec.extra.get("gradient_bytes"))
+    fitted = fits.get(fit_key(e.rec.framework, e.nodes, e.link_name, e.rec.hardware))
+    return None if pieces is None or fitted is None else timed(pieces, e.nodes, *fitted)
 
 
 def nccl_exchange(e: Entry, n: int, grad: float, bandwidth: float, step_latency: float):
-    """(seconds, ready) of each of the step's collectives (as measured_exchange) over an
-    interconnect not lent: NCCL's latency (comm_model.nccl_latency) and its bus bandwidth; None
-    unless `grad`, the cluster's gradient, is ResNet-18's.
-    XLA:GPU hands an op's operands to NCCL together: those at the backward's end are one."""
-    made = collectives.step_collectives(e.rec.framework, e.rec.strategy, e.sync_bn)
-    if made is None or e.rec.workload != "resnet18" or grad != flops.gradient_bytes("resnet18"):
+    """The step's collectives over an interconnect not lent, at NCCL's latency
+    (comm_model.nccl_latency) and its bus bandwidth; None unless `grad`, the cluster's
+    gradient, is ResNet-18's. XLA:GPU hands an op's operands to NCCL together: those at the
+    backward's end are one."""
+    if (pieces := made(e, grad)) is None:
         return None
     if e.rec.framework == "jax":
-        at_end = sum(size for size, ready in made if ready == 1.0)
-        made = [(size, ready) for size, ready in made if ready != 1.0] + [(at_end, 1.0)]
-    alpha, share = cm.nccl_latency(n, step_latency), collectives.bus_factor(n)
-    return [(alpha + share * size / bandwidth, ready) for size, ready in made]
+        at_end = sum(size for size, ready in pieces if ready == 1.0)
+        pieces = [(size, ready) for size, ready in pieces if ready != 1.0] + [(at_end, 1.0)]
+    return timed(pieces, n, cm.nccl_latency(n, step_latency), bandwidth)
 
 
 def exchange(e: Entry, alg: str, n: int, grad: float, bandwidth: float, alpha: float = 0.0):
@@ -178,8 +183,8 @@ def analyse(e: Entry, base: Entry | None, fits: dict) -> Cell:
     if pieces := measured_exchange(e, fits):
         cell.comm, cell.fitted = sum(t for t, _ in pieces), True
         if cell.compute is not None:
-            overlapped = cm.timeline(cell.compute, pieces)
-            cell.predicted = {cm.SERIAL: cell.compute + cell.comm, cm.OVERLAPPED: overlapped}
+            serial = cm.serial(cell.compute, cell.comm)
+            cell.predicted = {cm.SERIAL: serial, cm.OVERLAPPED: cm.timeline(cell.compute, pieces)}
     elif bits:
         latency = link(e).get("latency_s") or 0.0
         cell.comm, cell.tail = exchange(e, alg, n, grad, bits / 8, latency)
