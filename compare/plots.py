@@ -11,8 +11,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.container import BarContainer
 from matplotlib.figure import Figure
 
-from compare import pipeline_model
-from compare.resnet50 import STRATEGIES, R50Row, RowFit
+from compare.resnet50 import STRATEGIES, R50Row
 from compare.scaling_report import fmt_bits
 from compare.tables import DpRow, decimals, device_counts
 
@@ -240,52 +239,9 @@ def sweep(path: Path, title: str, rows: list[R50Row]) -> Path | None:
     return _save(fig, path)
 
 
-def model_plot(path: Path, title: str, fits: list[RowFit], stages=(4, 8)) -> Path | None:
-    """Left: the measured sweep and the model it supports; right (a pipelined model used): that
-    model projected to more stages."""
-    if not fits:
-        return None
-    pipelined = [f for f in fits if f.selection.chosen == pipeline_model.PIPELINED]
-    fig, axes = _axes(11 if pipelined else 6.5, 4.5, 1, ncols=2 if pipelined else 1)
-    axes = np.atleast_1d(axes)
-    for i, f in enumerate(fits):
-        color, model = _color(f.row.framework, i), f.selection.model
-        splits = sorted(f.measured)
-        label = f"{f.row.framework} measured" + ("" if model else " (no model fits)")
-        axes[0].plot(splits, [f.measured[s] for s in splits], "o", color=color, label=label)
-        if model is not None:
-            dense = dense_splits(model.batch_size)
-            label = f"{f.row.framework} {model.kind} model"
-            axes[0].plot(dense, [model.predict(s) for s in dense], "-", color=color, label=label)
-    axes[0].set_title("measured sweep and the model it supports")
-    for i, f in enumerate(pipelined):
-        model, color = f.selection.model, _color(f.row.framework, i)
-        dense = dense_splits(model.batch_size)
-        label = f"{f.row.framework} {model.stages} stages (model)"
-        axes[1].plot(dense, [model.predict(s) for s in dense], "-", color=color, label=label)
-        for k, p in enumerate(stages):
-            label = f"{f.row.framework} {p} stages (PROJECTION)"
-            ls = ("--", ":", "-.")[k % 3]
-            axes[1].plot(dense, [model.predict(s, p) for s in dense], ls, color=color, label=label)
-    if pipelined:
-        axes[1].set_title("projection to more stages (not measured)")
-    for ax in axes:
-        _log_axis(ax, sorted({s for f in fits for s in f.measured}))
-        ax.set(xlabel="split_size (log scale)", ylabel="seconds per timed repeat")
-        ax.legend(fontsize="small")
-    fig.suptitle(title)
-    return _save(fig, path)
-
-
 def _log_axis(ax, ticks, label=str) -> None:
     """A log axis labelled with the values themselves: its own labels are mathtext, drawn here
     as written."""
     ax.set_xscale("log")
     ax.set_xticks(ticks, [label(x) for x in ticks])
     ax.minorticks_off()
-
-
-def dense_splits(batch_size: int) -> list[int]:
-    """Every split size that gives a different number of micro-batches."""
-    micro = {pipeline_model.micro_batches(batch_size, s): s for s in range(batch_size, 0, -1)}
-    return sorted(micro.values())

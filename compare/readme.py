@@ -305,8 +305,7 @@ def dp_notes(entries, rows, with_busy: bool, tops: bool, pinned: bool) -> list[s
 
 
 def r50_tables(entries: list[Entry]) -> list[Table]:
-    """The seconds of every strategy (columns no framework ran are dropped), and where a sweep
-    was measured, both models' held-out errors."""
+    """The seconds of every strategy (columns no framework ran are dropped)."""
     rows, _ = resnet50.rows_of(entries)
     frame = pd.DataFrame(
         {r50_title(entries): row.framework}
@@ -315,9 +314,7 @@ def r50_tables(entries: list[Entry]) -> list[Table]:
     )
     notes = [f"{STAR} extrapolated."] if any(e.rec.extrapolated for e in entries) else []
     notes += tables.shared_diverged_notes(entries, diverged=False)
-    out = [Table.of("resnet50", frame.loc[:, (frame != DASH).any()], notes)]
-    fits = [f for row in rows if (f := resnet50.fit_row(row)[0]) is not None]
-    return out + ([resnet50.errors_table(fits)] if fits else [])
+    return [Table.of("resnet50", frame.loc[:, (frame != DASH).any()], notes)]
 
 
 def r50_title(entries: list[Entry]) -> str:

@@ -242,36 +242,8 @@ class Report:
         self.figure(m, "r50_bars", "resnet50_strategies.png", what, shown, rows)
         what = "resnet50: the split_size tradeoff"
         self.figure(m, "sweep", "resnet50_split_size.png", what, shown, rows)
-        if any(row.sweep for row in rows):
-            self.models(m, rows)
         bubble = resnet50.bubble_table(entries)
         self.table("The pipeline's bubble, swept", bubble, resnet50.BUBBLE_EXPLANATION)
-
-    def models(self, m: Machine, rows: list[resnet50.R50Row]) -> None:
-        doc = self.doc
-        doc.heading(4, "Pipelined or serial: the sweep against two timing models")
-        doc.para(resnet50.EXPLANATION)
-        fits = []
-        for row in rows:
-            fitted, why = resnet50.fit_row(row)
-            if fitted is None:
-                doc.para(f"{row.framework}: {why}")
-                continue
-            fits.append(fitted)
-            doc.para(f"**{row.framework}**: {resnet50.describe(fitted)}")
-            doc.table(resnet50.model_table(fitted))
-            projected = resnet50.projection(fitted)
-            if projected:
-                (doc.table if isinstance(projected, Table) else doc.para)(projected)
-        if not fits:
-            return
-        doc.table(resnet50.errors_table(fits))
-        stages = resnet50.PROJECTED_STAGES
-        what = "resnet50: measured sweep and the model it supports (none drawn where neither fits)"
-        if any(f.selection.chosen == "pipelined" for f in fits):
-            what += ", projected to " + " and ".join(map(str, stages)) + " stages (not measured)"
-        used = [e for f in fits for e in f.row.sweep.values()]
-        self.figure(m, "model_plot", "resnet50_sweep_models.png", what, used, fits, stages)
 
     def environments(self) -> None:
         self.doc.heading(2, "Environment")

@@ -4,10 +4,9 @@
 Every workload of every framework, in that framework's environment
 (`.venv/<fw>/bin/python -m <fw>_impl ...`; `--python P`: one interpreter for all), on 1 and 2
 devices with the strategies that run on this machine (the table RUNS in compare/plan.py), at
-the preset that fits the machine; then the report.
-Each step opens with the plan's progress and about how many minutes are left
-(compare/progress.py). A failed run is reported at the end with the last lines of its stderr,
-and the others still run; the exit code is 0 only if everything planned ran.
+the preset that fits the machine; then the report. Each step opens with its number in the plan.
+A failed run is reported at the end with the last lines of its stderr, and the others still
+run; the exit code is 0 only if everything planned ran.
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ from pathlib import Path
 from common import config, devices, processes, signals
 from common.results import ResultsError, check_writable
 from compare.plan import ALL, Plan, PlanError, Step, make_plan, select
-from compare.progress import Progress, about
 from compare.stream import stream
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,11 +75,9 @@ def execute(
     python=None,
     clock=time.perf_counter,
 ):
-    """Run every step; a failure is recorded and the next step runs. Each step opens with the
-    plan's progress and an estimate of the time left (compare/progress.py)."""
+    """Run every step; a failure is recorded and the next step runs."""
     outcomes = []
     total = len(plan.steps)
-    progress = Progress.of(plan.steps, plan.preset)
     for i, step in enumerate(plan.steps, start=1):
         head = f"[{i}/{total}]"
         exe = python_for(step.framework, venv, python)
@@ -93,13 +89,10 @@ def execute(
                 else f"no environment {exe.parent.parent} (run: {setup})"
             )
             echo(f"{head} {step.describe()}: SKIPPED, {reason}")
-            echo(f"    {progress.line()}")
             outcomes.append(Outcome(step, None, 0.0, [], reason))
-            progress.finish(0.0, ok=False)
             continue
         cmd = [str(exe), *step.args(plan.platform, plan.preset, results)]
         echo(f"{head} {step.describe()}")
-        echo(f"    {progress.line()}")
         echo(f"    $ {' '.join(cmd)}")
         start = clock()
         code, tail, note = runner(cmd, echo, timeout)
@@ -111,8 +104,6 @@ def execute(
             f"in {seconds:.1f} s: {step.describe()}"
         )
         outcomes.append(Outcome(step, code if not note else -1, seconds, tail, reason))
-        progress.finish(seconds, ok)
-    echo(progress.line())
     return outcomes
 
 
@@ -162,11 +153,6 @@ def show_plan(plan: Plan, results: str, out: str, echo=print, python=None) -> No
     for step, reason in plan.skipped:
         echo(f"  skip: {step.describe()}: {reason}")
     echo(f"  then: python -m compare.report --results {results} --out {out}")
-    left = Progress.of(plan.steps, plan.preset).left()
-    echo(
-        f"  time: {about(left)} for all {len(plan.steps)} step(s), estimated from the preset's "
-        "priors (compare/progress.py); each step prints the estimate again"
-    )
 
 
 def parser() -> argparse.ArgumentParser:
