@@ -193,7 +193,7 @@ def nodes(path: Path, title: str, lines) -> Path | None:
         color = _color(line.framework, i)
         _line(ax, i, line.framework, *zip(*line.measured, strict=True), line.label)
         if line.model:
-            label = f"{line.label}: {line.model_name} model"
+            label = f"{line.label}: model"
             ax.plot(*zip(*line.model, strict=True), "--", marker="x", color=color, label=label)
         if line.compute is not None:
             ax.axhline(line.compute, color=color, linestyle=":", linewidth=1)

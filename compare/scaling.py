@@ -1,7 +1,7 @@
 """Scaling across nodes: each run of the cluster in one box (extra.nodes) against its engine's
-1-node run and a model of its step: the step's collectives (common.collectives.step_collectives)
-at the fit of the engine's all-reduce over the same link (compare.collectives), or, without
-one, the alpha-beta model of the gradient's bytes in compare/comm_model.py.
+1-node run and a model of its step (compare/comm_model.py): the step's collectives
+(common.collectives.step_collectives) timed at the fit of the engine's all-reduce measured alone
+over the same link on the same machine (compare.collectives), placed beside the backward.
 
 Per step: seconds per step = batch_size / images_per_sec over the timed epochs, whose steps are
 whole batches in the bounded epochs of the scaling runs; extra.link_bytes counts the same epochs,
@@ -14,7 +14,7 @@ either way.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from common import collectives, flops
 from compare import comm_model as cm
@@ -29,8 +29,6 @@ ALGORITHMS = {
     ("jax", "pmap"): cm.RING,
     ("mxnet", "dist"): cm.PS,
 }
-BUCKETED = {("torch", "ddp")}  # DDP all-reduces its gradient in buckets of DDP_BUCKET_BYTES
-LAYERS = {"lenet": flops.lenet_layers, "resnet18": flops.resnet18_layers}  # layers with weights
 
 
 @dataclass(frozen=True)
@@ -83,11 +81,6 @@ def link(e: Entry) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def layers(workload: str) -> int | None:
-    count = LAYERS.get(workload)
-    return None if count is None else len(count())
-
-
 def made(e: Entry, grad: float | None) -> list[tuple] | None:
     """The step's collectives of `e`'s engine (common.collectives.step_collectives), as
     (bytes, ready); None unless its model is ResNet-18 and `grad` ResNet-18's gradient."""
@@ -122,15 +115,6 @@ def nccl_exchange(e: Entry, n: int, grad: float, bandwidth: float, step_latency:
     return timed(pieces, n, cm.nccl_latency(n, step_latency), bandwidth)
 
 
-def exchange(e: Entry, alg: str, n: int, grad: float, bandwidth: float, alpha: float = 0.0):
-    """(comm, tail): the modelled seconds of a step's exchange of `grad` bytes over n nodes, and
-    of the part of it that cannot overlap the backward."""
-    bucket = collectives.DDP_BUCKET_BYTES if (e.rec.framework, e.rec.strategy) in BUCKETED else None
-    comm = cm.comm_time(alg, n, grad, bandwidth, alpha, cm.pieces(grad, bucket))
-    share = cm.tail_share(grad, bucket, layers(e.rec.workload))
-    return comm, cm.comm_time(alg, n, share * grad, bandwidth, alpha)
-
-
 @dataclass
 class Cell:
     """One cluster run, and what the model says of it (None: cannot be worked out)."""
@@ -141,11 +125,9 @@ class Cell:
     compute: float | None = None  # the 1-node run's seconds per step
     bytes_measured: float | None = None
     bytes_model: float | None = None
-    comm: float | None = None  # modelled seconds of the exchange per step
-    fitted: bool = False  # comm from the engine's all-reduce measured alone, not the TCP stream
-    tail: float | None = None  # the part of it that cannot overlap the backward
-    predicted: dict[str, float] = field(default_factory=dict)  # model -> seconds per step
-    errors: dict[str, float] = field(default_factory=dict)  # model -> relative error
+    comm: float | None = None  # modelled seconds of the step's collectives, one after another
+    predicted: float | None = None  # the model's seconds per step (comm_model.timeline)
+    error: float | None = None  # its error relative to the measured step
 
     @property
     def nodes(self) -> int:
@@ -179,21 +161,12 @@ def analyse(e: Entry, base: Entry | None, fits: dict) -> Cell:
     if n == 1 or alg is None or grad is None:
         return cell
     cell.bytes_model = cm.link_bytes(alg, n, grad)
-    bits = link(e).get("measured_bps")
     if pieces := measured_exchange(e, fits):
-        cell.comm, cell.fitted = sum(t for t, _ in pieces), True
+        cell.comm = sum(t for t, _ in pieces)
         if cell.compute is not None:
-            serial = cm.serial(cell.compute, cell.comm)
-            cell.predicted = {cm.SERIAL: serial, cm.OVERLAPPED: cm.timeline(cell.compute, pieces)}
-    elif bits:
-        latency = link(e).get("latency_s") or 0.0
-        cell.comm, cell.tail = exchange(e, alg, n, grad, bits / 8, latency)
-        if cell.compute is not None:
-            cell.predicted = {
-                m: cm.step_time(m, cell.compute, cell.comm, cell.tail) for m in cm.MODELS
-            }
-    if cell.predicted and cell.step is not None:
-        cell.errors = {m: cm.relative_error(t, cell.step) for m, t in cell.predicted.items()}
+            cell.predicted = cm.timeline(cell.compute, pieces)
+    if cell.predicted is not None and cell.step is not None:
+        cell.error = cm.relative_error(cell.predicted, cell.step)
     return cell
 
 
@@ -225,13 +198,3 @@ def cells_of(entries: list[Entry], fits: dict) -> list[Cell]:
         )
 
     return sorted(cells, key=order)
-
-
-def choices(cells: list[Cell]) -> dict[Engine, str | None]:
-    """Per engine, the model with the smaller mean |error| over its runs on several nodes, if
-    that is within comm_model.MODEL_LIMIT (one model for all of an engine's links)."""
-    errors: dict[Engine, list[dict[str, float]]] = {}
-    for c in cells:
-        if c.errors:
-            errors.setdefault(engine_of(c.entry), []).append(c.errors)
-    return {engine: cm.choose(errs) for engine, errs in errors.items()}

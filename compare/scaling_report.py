@@ -12,35 +12,22 @@ from compare import records
 from compare.checks import WORKLOADS
 from compare.records import Entry
 from compare.render import Doc
-from compare.scaling import (
-    Cell,
-    Engine,
-    cells_of,
-    choices,
-    engine_of,
-    exchange,
-    link,
-    nccl_exchange,
-    step_seconds,
-)
+from compare.scaling import Cell, cells_of, engine_of, link, nccl_exchange, step_seconds
 from compare.tables import DASH, STAR, Table, decimals, fmt_efficiency, fmt_speedup, time_cell
 
 HEADING = "Scaling across nodes"
 EXPLANATION = (
-    "The cluster in one box (`python -m compare.cluster`): each node a network namespace on "
-    "cores of its own, the nodes joined by a link that only they use, at the rate `tc` gives it; "
-    "each framework's own multi-node engine runs across them. Every run is set against its "
-    "engine's 1-node run (the same framework, cores per device, preset and batch per device) "
-    "and against a model of its step (compare/scaling.py): the 1-node step's compute plus the "
-    "collectives the engine makes per step (common/collectives.py: DDP's buckets, the "
-    "all-reduces of XLA's optimized program, Gluon's kvstore key per parameter), each timed at "
-    "the latency (alpha) and bus bandwidth fitted to the same engine's all-reduce measured alone "
-    "over the same link (the all-reduce section). Two models of a step: serial (compute, then "
-    "the collectives) and overlapped (the collectives beside the backward, but for the last, "
-    "which starts only when it ends); an engine's model is the one with the smaller mean error "
-    f"over its runs, used where that is at most {cm.MODEL_LIMIT:.0%}."
+    "The cluster in one box (`make cluster`): each node a network namespace on cores of its "
+    "own, the nodes joined by a link that only they use, at the rate `tc` gives it; each "
+    "framework's own multi-node engine runs across them. Every run is set against its engine's "
+    "1-node run (the same framework, cores per device, preset and batch per device) and against "
+    "a model of its step (compare/scaling.py): the 1-node step's compute and the collectives the "
+    "engine makes per step (common/collectives.py: DDP's buckets, the all-reduces of XLA's "
+    "optimized program, Gluon's kvstore key per parameter), each timed at the latency (alpha) "
+    "and bus bandwidth fitted to the same engine's all-reduce measured alone over the same link "
+    "(the all-reduce section), and each starting once the backward has readied its gradients "
+    "and the link is free."
 )
-DAGGER = "†"
 NOTES = [
     "sec/epoch: median ± std over the timed epochs; speedup = the 1-node run's sec/epoch / this "
     "run's (the batch grows with the nodes, so this is the ratio of throughputs); efficiency = "
@@ -48,14 +35,11 @@ NOTES = [
     "s/step = batch_size / images_per_sec over the timed epochs; bytes/step measured: what node "
     "0's interface carried in those epochs, (sent + received) / 2 / steps, headers included; "
     "bytes/step model: 2 (n - 1) / n x G each way.",
-    "comm (model): the sum over the step's collectives of alpha + 2 (n - 1) / n x bytes / busbw "
-    f"({DAGGER}: no all-reduce run of the engine over this link: latency x messages + bytes / "
-    "the link's TCP throughput measured before training, 2 (n - 1) / n x G); exposed comm: "
-    "this run's s/step - the 1-node run's; overlap: comm (model) - exposed comm, at least 0: "
-    "the exchange the compute hid, as far as the model is right.",
-    "serial, overlapped: each model's s/step (its error against the measured one); within "
-    f"{cm.MODEL_LIMIT:.0%}: the models that close; model used: the engine's (the one with the "
-    "smaller mean error over its runs, where that mean is within the limit).",
+    "comm (model): the sum over the step's collectives of alpha + 2 (n - 1) / n x bytes / busbw; "
+    "exposed comm: this run's s/step - the 1-node run's; overlap: comm (model) - exposed comm, "
+    "at least 0: the exchange the compute hid, as far as the model is right; model: its s/step "
+    "(its error against the measured one); –: a figure the records cannot give (no 1-node run "
+    "of the engine, or no all-reduce run of it over this link).",
 ]
 # Where a node has one core, the exchange's CPU work cannot run beside the compute.
 ONE_CORE_NOTE = (
@@ -67,12 +51,11 @@ ONE_CORE_NOTE = (
 )
 
 
-def nodes_table(workload: str, cells: list[Cell], chosen: dict[Engine, str | None]) -> Table:
+def nodes_table(workload: str, cells: list[Cell]) -> Table:
     headers = ["engine", "exchange", "cores/device", "link", "nodes", "sec/epoch"]
     headers += ["speedup", "efficiency", "s/step", "bytes/step measured", "bytes/step model"]
-    headers += ["comm (model)", "exposed comm", "overlap", cm.SERIAL, cm.OVERLAPPED]
-    headers += [f"within {cm.MODEL_LIMIT:.0%}", "model used"]
-    body = [row(c, chosen.get(engine_of(c.entry))) for c in cells]
+    headers += ["comm (model)", "exposed comm", "overlap", "model"]
+    body = [row(c) for c in cells]
     notes = list(NOTES)
     if any(one_core_nodes(c) for c in cells):
         notes.append(ONE_CORE_NOTE)
@@ -84,8 +67,6 @@ def nodes_table(workload: str, cells: list[Cell], chosen: dict[Engine, str | Non
             f"{'/'.join(map(str, steps))} timed steps per epoch, and so is every figure derived "
             "from it."
         )
-    if any(c.base is None for c in cells):
-        notes.append("–: no 1-node run of the engine, or a figure the record does not give.")
     return Table(f"{workload} across nodes", headers, body, notes)
 
 
@@ -94,7 +75,7 @@ def one_core_nodes(c: Cell) -> bool:
     return c.nodes > 1 and engine.cores == 1 and engine.devices_per_node == 1
 
 
-def row(c: Cell, model: str | None) -> list[str]:
+def row(c: Cell) -> list[str]:
     e, s = c.entry, c.speedup()
     star = e.rec.extrapolated or (c.base is not None and c.base.rec.extrapolated)
     cells = [f"{e.rec.framework} {e.label}", str(e.rec.extra.get("engine") or DASH)]
@@ -104,13 +85,7 @@ def row(c: Cell, model: str | None) -> list[str]:
     cells += [fmt_speedup(s and s[0], star) if several else DASH]
     cells += [fmt_efficiency(s and s[1], star) if several else DASH, fmt_seconds(c.step)]
     cells += [fmt_bytes(c.bytes_measured), fmt_bytes(c.bytes_model)]
-    cells += [fmt_seconds(c.comm) + ("" if c.fitted or c.comm is None else f" {DAGGER}")]
-    cells += [fmt_seconds(x) for x in (c.exposed, c.overlap)]
-    cells += [fmt_model(c, cm.SERIAL), fmt_model(c, cm.OVERLAPPED)]
-    if not c.errors:
-        return [*cells, DASH, DASH]
-    used = f"{model}: {fmt_model(c, model)}" if model else f"neither within {cm.MODEL_LIMIT:.0%}"
-    return [*cells, ", ".join(cm.within(c.errors)) or "neither", used]
+    return cells + [fmt_seconds(x) for x in (c.comm, c.exposed, c.overlap)] + [fmt_model(c)]
 
 
 @dataclass(frozen=True)
@@ -120,12 +95,11 @@ class Line:
     label: str
     framework: str
     measured: list[tuple[float, float]]  # (link rate in bit/s, seconds per step)
-    model: list[tuple[float, float]]  # the engine's model at the same links; empty: none fits
-    model_name: str | None
+    model: list[tuple[float, float]]  # the model at the same links; empty: none
     compute: float | None  # the engine's 1-node step
 
 
-def lines(cells: list[Cell], chosen: dict[Engine, str | None]) -> list[Line]:
+def lines(cells: list[Cell]) -> list[Line]:
     """The plot's lines: x is the link's rate, or for one with no rate set (unlimited) the
     throughput measured over it."""
     groups: dict[tuple, list[Cell]] = {}
@@ -133,13 +107,13 @@ def lines(cells: list[Cell], chosen: dict[Engine, str | None]) -> list[Line]:
         if c.nodes > 1 and c.step is not None and x_of(c) is not None:
             groups.setdefault((engine_of(c.entry), c.nodes), []).append(c)
     out = []
-    for (engine, nodes), mine in groups.items():
+    for (_, nodes), mine in groups.items():
         mine.sort(key=x_of)
-        model, e = chosen.get(engine), mine[0].entry
+        e = mine[0].entry
         measured = [(x_of(c), c.step) for c in mine]
-        modelled = [(x_of(c), c.predicted[model]) for c in mine if model in c.predicted]
+        modelled = [(x_of(c), c.predicted) for c in mine if c.predicted is not None]
         label = f"{e.rec.framework} {e.label}, {nodes} nodes"
-        out.append(Line(label, e.rec.framework, measured, modelled, model, mine[0].compute))
+        out.append(Line(label, e.rec.framework, measured, modelled, mine[0].compute))
     return out
 
 
@@ -152,7 +126,7 @@ PREDICTIONS_NOTE = (
     "Predictions, not measurements: the step's collectives of this section's model, each at "
     "the interconnect's bus bandwidth and NCCL's own latency for a ring all-reduce "
     "(comm_model.PREDICTED and nccl_latency, their sources there), each GPU keeping the batch "
-    "of its 1-GPU record, whose s/step is the compute; serial and overlapped bound the step. "
+    "of its 1-GPU record, whose s/step is the compute, on the timeline of the measured model. "
     "JAX's are XLA's CPU program's, its operands at the backward's end one all-reduce as "
     "XLA:GPU hands them to NCCL; XLA:GPU may split or schedule them otherwise."
 )
@@ -164,44 +138,42 @@ def predictions(kept: list[Entry], cluster: list[Entry], workload: str = "resnet
     grad = next((g for g in grads if g), None)
     gpus = [e for e in kept if e.rec.platform == "gpu" and not e.rec.virtual and e.rec.devices == 1]
     gpus = [e for e in gpus if e.rec.workload == workload and e.nodes is None and step_seconds(e)]
-    if grad is None or not gpus:
-        lacking = "gradient_bytes in this section's records" if grad is None else "1-GPU record"
-        return f"No predictions for {workload}: no {lacking} of it in the results read."
+    rows = [
+        predicted_row(e, grad, name, bandwidth, step_latency, n)
+        for e in gpus
+        for name, bandwidth, step_latency, counts in cm.PREDICTED
+        for n in counts
+    ]
+    if not any(rows):
+        why = "no 1-GPU record of an engine whose collectives per step are known"
+        return f"No predictions for {workload}: {why}."
     headers = ["GPU (1-device record)", "engine", "s/step, 1 GPU", "interconnect", "devices"]
-    headers += ["bytes/step per link", "comm", "s/step serial", "s/step overlapped"]
-    headers += ["efficiency serial / overlapped"]
-    body = []
-    for e in gpus:
-        for name, bandwidth, step_latency, counts in cm.PREDICTED:
-            body += [predicted_row(e, grad, name, bandwidth, step_latency, n) for n in counts]
+    headers += ["bytes/step per link", "comm", "s/step", "efficiency"]
     title = f"{workload}: predictions, not measurements"
-    return Table(title, headers, body, [PREDICTIONS_NOTE])
+    return Table(title, headers, [r for r in rows if r], [PREDICTIONS_NOTE])
 
 
-def predicted_row(e: Entry, grad: int, name: str, bandwidth: float, hop: float, n: int) -> list:
+def predicted_row(e: Entry, grad, name: str, bandwidth: float, hop: float, n: int) -> list | None:
+    """A prediction of `e`'s engine on n GPUs over an interconnect; None where the step's
+    collectives are not known (compare.scaling.made)."""
     t1 = step_seconds(e)
-    if pieces := nccl_exchange(e, n, grad, bandwidth, hop):
-        comm = sum(t for t, _ in pieces)
-        serial, overlapped = cm.serial(t1, comm), cm.timeline(t1, pieces)
-    else:  # another gradient than ResNet-18's: in one piece or DDP's buckets, a step per hop
-        comm, tail = exchange(e, cm.RING, n, grad, bandwidth, hop)
-        serial, overlapped = cm.serial(t1, comm), cm.overlapped(t1, comm, tail)
+    if not (pieces := nccl_exchange(e, n, grad, bandwidth, hop)):
+        return None
+    comm, step = sum(t for t, _ in pieces), cm.timeline(t1, pieces)
     gpu = records.hardware_text(records.hardware_key(e.rec), 1, False)
     cells = [gpu, f"{e.rec.framework} {e.label}", fmt_seconds(t1), name, str(n)]
     cells += [fmt_bytes(cm.link_bytes(cm.RING, n, grad))]
-    cells += [fmt_seconds(x) for x in (comm, serial, overlapped)]
-    return [*cells, f"{t1 / serial:.0%} / {t1 / overlapped:.0%}"]
+    return [*cells, *(fmt_seconds(x) for x in (comm, step)), f"{t1 / step:.0%}"]
 
 
 def by_workload(cluster: list[Entry], fits: dict):
-    """(workload, its runs, their cells, the model chosen per engine) of each workload with
+    """(workload, its runs, their cells) of each workload with
     cluster runs: what the report and docs/results.md both show. `fits`: the all-reduce runs'
     (compare.collectives.fits)."""
     for workload in WORKLOADS:
         mine = [e for e in cluster if e.rec.workload == workload]
         if mine:
-            cells = cells_of(mine, fits)
-            yield workload, mine, cells, choices(cells)
+            yield workload, mine, cells_of(mine, fits)
 
 
 def predicted(kept: list[Entry], cluster: list[Entry]) -> list[Table | str]:
@@ -213,7 +185,7 @@ def docs_items(cluster: list[Entry], gpus: list[Entry], fits: dict) -> tuple[lis
     """What docs/results.md shows of one group's cluster runs (compare/readme.py): each
     workload's title and table, then the predictions from the 1-GPU records of the engines the
     cluster ran on several nodes, so each prediction's compute is the engine it predicts."""
-    tables = [nodes_table(w, cells, chosen) for w, _, cells, chosen in by_workload(cluster, fits)]
+    tables = [nodes_table(w, cells) for w, _, cells in by_workload(cluster, fits)]
     engines = {(e.rec.framework, e.label) for e in cluster if e.nodes > 1}
     mine = [e for e in gpus if (e.rec.framework, e.label) in engines]
     return [x for t in tables for x in (f"{t.title}:", t)], predicted(mine, cluster)
@@ -224,10 +196,10 @@ def section(doc: Doc, cluster: list[Entry], kept: list[Entry], draw: Callable, f
     each table; `kept`: every record the report shows, where the predictions find their GPUs."""
     doc.heading(3, HEADING)
     doc.para(EXPLANATION)
-    for workload, mine, cells, chosen in by_workload(cluster, fits):
+    for workload, mine, cells in by_workload(cluster, fits):
         doc.heading(4, f"{workload} across nodes")
-        doc.table(nodes_table(workload, cells, chosen))
-        draw(workload, lines(cells, chosen), mine)
+        doc.table(nodes_table(workload, cells))
+        draw(workload, lines(cells), mine)
     doc.heading(4, "Predictions, not measurements: interconnects not lent")
     for table in predicted(kept, cluster):
         if isinstance(table, Table):
@@ -256,16 +228,14 @@ def fmt_bits(x: float | None) -> str:
     return fmt_units(x, "bit/s") if x else DASH
 
 
-def fmt_model(cell: Cell, model: str | None) -> str:
-    """`0.523 s (+3.2%)`: a model's step and its error against the measured step, to a tenth of
-    a percent below 10%, where a model's fit is judged."""
-    if model is None or model not in cell.predicted:
-        return DASH
-    if (error := cell.errors.get(model)) is None:
-        return fmt_seconds(cell.predicted[model])
-    percent = 100 * error
+def fmt_model(cell: Cell) -> str:
+    """`0.523 s (+3.2%)`: the model's step and its error against the measured step, to a tenth of
+    a percent below 10%."""
+    if cell.predicted is None or cell.error is None:
+        return fmt_seconds(cell.predicted)
+    percent = 100 * cell.error
     percent = f"{percent:+.1f}%" if abs(percent) < 10 else f"{percent:+.0f}%"
-    return f"{fmt_seconds(cell.predicted[model])} ({percent})"
+    return f"{fmt_seconds(cell.predicted)} ({percent})"
 
 
 def link_text(e: Entry) -> str:

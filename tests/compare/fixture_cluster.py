@@ -3,15 +3,12 @@ cores of their own (extra.cores_per_device, execution), and runs of the cluster 
 (extra.nodes, link, link_bytes, gradient_bytes, engine), built through common.results.Record so
 the schema is checked. Written into a test's own folder by `write`; nothing is committed.
 
-Numbers are chosen so the expected cells can be worked out by hand (test_scaling.py):
-
-G = 40 MB of gradient. torch ddp (ring, DDP buckets of 25 MiB: 2 pieces) steps 0.5 s on one
-node; on 2 nodes over 1gbit (measured 800 Mbit/s = 100 MB/s, 100 µs) the model's exchange is
-4 x 100 µs + 40 MB / 100 MB/s = 0.4004 s, serial 0.9004 s, and it measured 0.9 s; over the
-unlimited link (measured 8 Gbit/s, 50 µs) 0.0402 s, serial 0.5402 s, measured 0.55 s. mxnet
-(parameter server, one piece; its 1-node run is gluon) steps 0.4 s; on 2 nodes over 1gbit the
-exchange is 0.4002 s with a tail of one of ResNet-18's 21 layers, overlapped
-max(0.4, 0.4002 - tail) + tail = 0.41925 s, and it measured 0.42 s.
+Numbers are chosen so the expected cells can be worked out by hand (test_scaling.py): G is
+ResNet-18's gradient (44.7 MB), so the step model knows each engine's collectives
+(common.collectives.step_collectives). torch ddp steps 0.5 s on one node, 0.9 s on 2 nodes over
+1gbit and 0.55 s over the unlimited link; mxnet (its 1-node run is gluon) 0.4 s on one node and
+0.42 s on 2 nodes over 1gbit. `allreduce` gives the all-reduce runs over 1gbit on the same box:
+1 ms and 100 MB/s per link for each engine; the unlimited link has none, so no model.
 """
 
 from __future__ import annotations
@@ -19,11 +16,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from common import collectives, flops
 from common.results import Record
 from tests.compare import fixture_records
 from tests.compare.fixture_records import stats
 
-GRADIENT_BYTES = 40_000_000
+GRADIENT_BYTES = flops.gradient_bytes("resnet18")
+ALPHA, BUSBW = 1e-3, 1e8  # the all-reduce runs' fit over 1gbit: 1 ms, 100 MB/s per link
 STEPS_PER_EPOCH = 1000  # the pretend full epoch of the 1-node runs (halved on 2 nodes)
 TIMED_STEPS = 30  # 3 epochs of 10 timed steps
 BOX = {
@@ -148,6 +147,25 @@ def gpu_record() -> Record:
     )
 
 
-def write(path: Path, recs: list[Record]) -> Path:
-    path.write_text("".join(json.dumps(r.to_dict(), sort_keys=True) + "\n" for r in recs))
+def allreduce(framework: str) -> dict:
+    """An all-reduce run of 2 nodes over 1gbit on the box, exactly ALPHA + bytes / BUSBW."""
+    sizes = collectives.sizes(4**13)
+    rows = [collectives.row(s, 5, ALPHA + s / BUSBW, 2) for s in sizes]
+    return {
+        "workload": "allreduce",
+        "framework": framework,
+        "collective": "all-reduce",
+        "ranks": 2,
+        "rows": rows,
+        "link": {"name": "1gbit", "rate_bps": 1e9},
+        "extra": {},
+        "hardware": BOX,
+        "platform": "cpu",
+        "timestamp": "2026-11-22T09:00:00+00:00",
+    }
+
+
+def write(path: Path, recs: list) -> Path:
+    dicts = [r if isinstance(r, dict) else r.to_dict() for r in recs]
+    path.write_text("".join(json.dumps(d, sort_keys=True) + "\n" for d in dicts))
     return path

@@ -66,14 +66,14 @@ def test_the_part_is_made_from_each_cluster_file(root, capsys):
     assert measured.count("> sec/epoch: median ± std over the timed epochs") == 1
     assert "> Predictions, not measurements: the step's collectives of this section" in predicted
     # the H100's 1-GPU record of the one engine both ran (torch ddp; no MXNet on the GPU), at
-    # 2 and 8 devices on each interconnect, with the cluster's 40 MB of gradient
+    # 2 and 8 devices on each interconnect, with the cluster's gradient (ResNet-18's, 44.7 MB)
     gpus = table_rows(predicted, "GPU (1-device record)")
     assert {(r[0], r[1]) for r in gpus} == {("1 x NVIDIA H100 80GB HBM3", "torch ddp")}
     assert [(r[3].split(" ")[0], r[4], r[5]) for r in gpus] == [
-        ("NVLink", "2", "40.0 MB"),
-        ("NVLink", "8", "70.0 MB"),
-        ("100", "2", "40.0 MB"),
-        ("100", "8", "70.0 MB"),
+        ("NVLink", "2", "44.7 MB"),
+        ("NVLink", "8", "78.2 MB"),
+        ("100", "2", "44.7 MB"),
+        ("100", "8", "78.2 MB"),
     ]
     after = (root / "docs/results.md").read_text()
     assert (root / "README.md").read_text() == before["README.md"]

@@ -1,7 +1,7 @@
 """The report's "Scaling across nodes" (compare/scaling.py, compare/scaling_report.py) on the
-synthetic cluster records of tests/compare/fixture_cluster.py: each cell worked out by hand from
-the numbers there, the model chosen per engine, the plot, the predictions labelled as such;
-and every new field of the wrong type left out with its reason, never a traceback."""
+synthetic cluster records of tests/compare/fixture_cluster.py: each cell worked out from the
+numbers there and the engine's collectives, the plot, the predictions labelled as such; and
+every new field of the wrong type left out with its reason, never a traceback."""
 
 import json
 import re
@@ -9,7 +9,7 @@ import re
 import matplotlib.image
 import pytest
 
-from common import collectives, flops
+from common import collectives
 from common.results import Record
 from compare import collectives as measured
 from compare import comm_model as cm
@@ -26,7 +26,7 @@ BOX = "2 virtual devices on 8 CPU cores (Fixture Box), preset cpu"
 def built(tmp_path_factory):
     out = tmp_path_factory.mktemp("nodes")
     recs = fc.dedicated() + fc.cluster() + [fc.gpu_record()]
-    path = fc.write(out / "r.jsonl", recs)
+    path = fc.write(out / "r.jsonl", [*recs, fc.allreduce("torch"), fc.allreduce("mxnet")])
     lines = []
     assert report.build([str(path)], out / "report", echo=lines.append) == 0
     return out / "report", (out / "report" / "report.md").read_text(), "\n".join(lines)
@@ -42,6 +42,20 @@ def nodes_rows(md: str) -> dict[tuple, dict]:
         cells = dict(zip(header, [c.strip() for c in line.strip("|").split(" | ")], strict=True))
         out[(cells["engine"], cells["link"].split(" ")[0], cells["nodes"])] = cells
     return out
+
+
+def modelled(framework: str, strategy: str, compute: float) -> tuple[float, float]:
+    """(comm, the model's step) of the engine's collectives at the fixture's all-reduce fit."""
+    pieces = [
+        (fc.ALPHA + size / fc.BUSBW, ready)  # 2 (n - 1) / n = 1 at n = 2
+        for size, ready in collectives.step_collectives(framework, strategy, sync_bn=False)
+    ]
+    return sum(t for t, _ in pieces), cm.timeline(compute, pieces)
+
+
+def percent(predicted: float, measured: float) -> str:
+    error = 100 * (predicted - measured) / measured
+    return f"{error:+.1f}%" if abs(error) < 10 else f"{error:+.0f}%"
 
 
 def test_each_cluster_run_against_its_one_node_run_and_the_model(built):
@@ -64,19 +78,15 @@ def test_each_cluster_run_against_its_one_node_run_and_the_model(built):
     )
     assert slow["s/step"] == "0.900 s"  # batch 128 / 142.2 images/s
     assert slow["bytes/step measured"] == "41.5 MB"  # (1,275 + 1,215) MB / 2 / 30 steps
-    assert slow["bytes/step model"] == "40.0 MB"  # 2 (2 - 1) / 2 x 40 MB
-    # † the TCP stream's model: 4 x 100 µs + 40 MB / 100 MB/s = 0.4004 (no all-reduce run)
-    assert slow["comm (model)"] == "0.400 s †"
+    assert slow["bytes/step model"] == "44.7 MB"  # 2 (2 - 1) / 2 x ResNet-18's gradient
+    comm, step = modelled("torch", "ddp", 0.5)
+    assert comm == pytest.approx(3 * 1e-3 + fc.GRADIENT_BYTES / 1e8)  # DDP's three buckets
+    assert slow["comm (model)"] == scaling_report.fmt_seconds(comm) == "0.450 s"
     assert slow["exposed comm"] == "0.400 s"  # 0.9 - 0.5
-    assert slow["overlap"] == "0.000400 s"  # 0.4004 - 0.4
-    assert slow["serial"] == "0.900 s (+0.0%)"  # 0.5 + 0.4004
-    # tail: a 25 MiB bucket, 2 x 100 µs + 26.2 MB / 100 MB/s = 0.2623; max(0.5, 0.1381) + 0.2623
-    assert slow["overlapped"] == "0.762 s (-15%)"  # -15.3%: not within 15%
-    assert slow["within 15%"] == "serial"
-    assert slow["model used"] == "serial: 0.900 s (+0.0%)"
-    fast = rows[("torch ddp", "unlimited", "2")]
-    assert fast["comm (model)"] == "0.0402 s †"  # 4 x 50 µs + 40 MB / 1 GB/s
-    assert fast["serial"] == "0.540 s (-1.8%)" and fast["within 15%"] == "serial, overlapped"
+    assert slow["overlap"] == scaling_report.fmt_seconds(comm - 0.4)
+    assert slow["model"] == f"{scaling_report.fmt_seconds(step)} ({percent(step, 0.9)})"
+    fast = rows[("torch ddp", "unlimited", "2")]  # no all-reduce run over this link: no model
+    assert fast["comm (model)"] == fast["overlap"] == fast["model"] == "–"
     assert fast["bytes/step measured"] == "–"  # the record counted no bytes
 
 
@@ -91,8 +101,7 @@ def test_a_one_node_run_has_no_link_to_count(built):
 
 def notes_of(recs) -> list[str]:
     entries = [records.Entry(r, "r.jsonl", i) for i, r in enumerate(recs)]
-    cells = scaling.cells_of(entries, {})
-    return scaling_report.nodes_table("resnet18", cells, scaling.choices(cells)).notes
+    return scaling_report.nodes_table("resnet18", scaling.cells_of(entries, {})).notes
 
 
 def test_nodes_of_one_core_say_what_exposed_comm_and_the_model_count():
@@ -119,11 +128,11 @@ def test_a_parameter_server_engine_matched_to_its_one_node_gluon_run(built):
     ps = nodes_rows(md)[("mxnet dist", "1gbit", "2")]
     assert ps["exchange"] == "parameter server (ps-lite, kvstore dist_sync)"
     assert ps["speedup"] == "1.90x*"  # 400 / 210
-    assert ps["comm (model)"] == "0.400 s †"  # 2 x 100 µs + 0.4 s
-    assert ps["exposed comm"] == "0.0200 s" and ps["overlap"] == "0.380 s"
-    # tail: one of 21 layers, 2 x 100 µs + 1.905 MB / 100 MB/s = 0.01925
-    assert ps["overlapped"] == "0.419 s (-0.2%)" and ps["serial"] == "0.800 s (+91%)"
-    assert ps["model used"] == "overlapped: 0.419 s (-0.2%)"
+    comm, step = modelled("mxnet", "dist", 0.4)
+    assert comm == pytest.approx(76 * 1e-3 + fc.GRADIENT_BYTES / 1e8)  # a key per parameter
+    assert ps["comm (model)"] == scaling_report.fmt_seconds(comm)
+    assert ps["exposed comm"] == "0.0200 s"  # 0.42 - 0.4
+    assert ps["model"] == f"{scaling_report.fmt_seconds(step)} ({percent(step, 0.42)})"
     base = nodes_rows(md)[("mxnet gluon", "none", "1")]
     assert base["speedup"] == base["comm (model)"] == "–"
 
@@ -134,15 +143,15 @@ def test_the_plot_draws_each_engine_against_the_links_rate(built):
     assert names == ["2-virtual-devices-on-8-cpu-cores-fixture-box-preset-cpu/resnet18_nodes.png"]
     image = matplotlib.image.imread(out / names[0])
     assert image.shape[0] > 100 and image.shape[1] > 100
-    entries = [e for e in records.read([out.parent / "r.jsonl"], []) if e.nodes is not None]
-    cells = scaling.cells_of(entries, {})
-    lines = {line.label: line for line in scaling_report.lines(cells, scaling.choices(cells))}
+    path = out.parent / "r.jsonl"
+    entries = [e for e in records.read([path], []) if e.nodes is not None]
+    cells = scaling.cells_of(entries, measured.fits(measured.load([path])))
+    lines = {line.label: line for line in scaling_report.lines(cells)}
     torch = lines["torch ddp, 2 nodes"]
     # 1gbit at its rate, unlimited at the throughput measured over it
     assert [x for x, _ in torch.measured] == [1e9, 8e9]
     assert torch.measured[0][1] == pytest.approx(0.9) and torch.compute == pytest.approx(0.5)
-    assert torch.model_name == "serial" and torch.model[0][1] == pytest.approx(0.9004)
-    assert lines["mxnet dist, 2 nodes"].model_name == "overlapped"
+    assert torch.model == [(1e9, pytest.approx(modelled("torch", "ddp", 0.5)[1]))]
 
 
 def test_predictions_are_labelled_and_come_from_the_one_gpu_record(built):
@@ -152,13 +161,6 @@ def test_predictions_are_labelled_and_come_from_the_one_gpu_record(built):
         "| 1 x Fixture GPU 80GB | torch ddp | 0.100 s | NVLink (H100), GPUs in one node | 2 |"
         in (text)
     )
-    # 8 nodes at 100 Gb/s, the fixture's gradient not ResNet-18's: two buckets, 2 x 14 ring
-    # steps of 9.6 us and 70 MB in 5.6 ms = 5.87 ms; serial 0.1059 s, 94%; the last bucket's
-    # 14 x 9.6 us + 45.9 MB / 12.5 GB/s = 3.80 ms after the compute: 0.1038 s, 96%
-    assert (
-        "| 100 Gb/s network, one GPU per node | 8 | 70.0 MB | 0.00587 s | 0.106 s | 0.104 s "
-        "| 94% / 96% |" in text
-    )
     assert "Predictions, not measurements:" in text
 
 
@@ -166,7 +168,8 @@ def test_without_a_gpu_record_the_predictions_say_why(tmp_path):
     path = fc.write(tmp_path / "r.jsonl", fc.cluster())
     assert report.build([str(path)], tmp_path / "out", echo=lambda *_: None) == 0
     md = (tmp_path / "out" / "report.md").read_text()
-    assert "No predictions for resnet18: no 1-GPU record of it in the results read." in md
+    why = "no 1-GPU record of an engine whose collectives per step are known."
+    assert f"No predictions for resnet18: {why}" in md
 
 
 def test_cluster_runs_stay_out_of_the_device_tables_and_the_summary(built):
@@ -181,14 +184,13 @@ def test_cluster_runs_stay_out_of_the_device_tables_and_the_summary(built):
 def test_a_run_without_its_one_node_run_shows_dashes(tmp_path):
     alone = [r for r in fc.cluster() if r.framework == "torch" and r.extra["nodes"] == 2]
     alone[0].extra["link"] = {**fc.ONE_GBIT, "measured_bps": None}  # no throughput measured
-    path = fc.write(tmp_path / "r.jsonl", alone)
+    path = fc.write(tmp_path / "r.jsonl", [*alone, fc.allreduce("torch")])
     assert report.build([str(path)], tmp_path / "out", echo=lambda *_: None) == 0
     rows = nodes_rows((tmp_path / "out" / "report.md").read_text())
     slow = rows[("torch ddp", "1gbit", "2")]
-    assert slow["speedup"] == slow["comm (model)"] == slow["serial"] == slow["model used"] == "–"
-    assert slow["bytes/step model"] == "40.0 MB"  # the bytes need no link
-    fast = rows[("torch ddp", "unlimited", "2")]
-    assert fast["comm (model)"] == "0.0402 s †" and fast["serial"] == "–"  # no compute to add
+    assert slow["speedup"] == slow["exposed comm"] == slow["model"] == "–"  # no compute to add
+    assert slow["comm (model)"] == "0.450 s" and slow["bytes/step model"] == "44.7 MB"
+    assert rows[("torch ddp", "unlimited", "2")]["comm (model)"] == "–"
 
 
 BAD = [
@@ -238,12 +240,10 @@ def test_a_one_node_run_needs_no_link_and_old_records_need_none_of_it():
 def test_the_step_model_times_each_collective_at_the_engines_own_fit(tmp_path):
     """With an all-reduce run of the engine over the same link on the same machine beside the
     cluster's runs, each of the step's collectives (here DDP's three buckets of ResNet-18's
-    gradient) is timed at that run's alpha and busbw: serial adds them to the compute, the
-    timeline starts each once the backward has readied it and the one before has ended."""
+    gradient) is timed at that run's alpha and busbw, and starts once the backward has readied
+    it and the one before has ended."""
     recs = fc.cluster()
-    for r in recs:
-        r.extra["gradient_bytes"] = flops.gradient_bytes("resnet18")
-    alpha, busbw = 1e-3, 1e8  # 1 ms, 100 MB/s per link
+    alpha, busbw = 2e-3, 5e7  # 2 ms, 50 MB/s per link
     reduce = allreduce_record(link="1gbit", rate=1e9)
     reduce["rows"], reduce["hardware"] = rows_of(collectives.sizes(4**13), 2, alpha, busbw), fc.BOX
     fits = measured.fits([reduce])
@@ -253,36 +253,33 @@ def test_the_step_model_times_each_collective_at_the_engines_own_fit(tmp_path):
     cell = cells[("torch", "1gbit")]
     buckets = collectives.step_collectives("torch", "ddp", sync_bn=False)
     times = [alpha + size / busbw for size, _ in buckets]  # 2 (n - 1) / n = 1 at n = 2
-    assert cell.fitted and cell.comm == pytest.approx(sum(times))
-    assert cell.predicted[cm.SERIAL] == pytest.approx(0.5 + sum(times))
+    assert cell.comm == pytest.approx(sum(times))
     forward, backward, end = 0.5 / 3, 0.5 * 2 / 3, 0.0  # the 1-node step: 0.5 s
     for t, (_, ready) in zip(times, buckets, strict=True):
         end = max(end, forward + ready * backward) + t
-    assert cell.predicted[cm.OVERLAPPED] == pytest.approx(end)
-    # no all-reduce run over the unlimited link, none of MXNet's: the TCP stream's model, marked
-    assert not cells[("torch", "unlimited")].fitted and not cells[("mxnet", "1gbit")].fitted
-    table = scaling_report.nodes_table("resnet18", list(cells.values()), {})
-    comm = {(r[0], r[3].split(" ")[0]): r[11] for r in table.rows}
-    assert comm[("torch ddp", "1gbit")] == scaling_report.fmt_seconds(cell.comm)
-    assert comm[("torch ddp", "unlimited")].endswith(f" {scaling_report.DAGGER}")
+    assert cell.predicted == pytest.approx(end)
+    assert cell.error == pytest.approx((end - 0.9) / 0.9)
+    # no all-reduce run over the unlimited link, none of MXNet's: no model
+    assert cells[("torch", "unlimited")].comm is None and cells[("mxnet", "1gbit")].comm is None
 
 
 def test_a_fit_from_another_machine_or_gradient_is_not_used():
     recs = fc.cluster()
-    reduce = allreduce_record(link="1gbit", rate=1e9)  # its hardware: another CPU
-    reduce["rows"] = rows_of(collectives.sizes(4**13), 2, 1e-3, 1e8)
+    reduce = fc.allreduce("torch")
+    reduce["hardware"] = {"cpu": "another CPU"}
     entries = [records.Entry(r, "r.jsonl", i) for i, r in enumerate(recs)]
-    assert not any(c.fitted for c in scaling.cells_of(entries, measured.fits([reduce])))
-    reduce["hardware"] = fc.BOX  # the machine's, but the fixture's gradient is not ResNet-18's
-    assert not any(c.fitted for c in scaling.cells_of(entries, measured.fits([reduce])))
+    assert all(c.comm is None for c in scaling.cells_of(entries, measured.fits([reduce])))
+    reduce["hardware"] = fc.BOX  # the machine's, but a gradient that is not ResNet-18's
+    for r in recs:
+        r.extra["gradient_bytes"] = 40_000_000
+    entries = [records.Entry(r, "r.jsonl", i) for i, r in enumerate(recs)]
+    assert all(c.comm is None for c in scaling.cells_of(entries, measured.fits([reduce])))
 
 
 def test_predictions_of_resnet18_time_each_collective_at_nccls_latency():
     """A 1-GPU ResNet-18 record beside cluster runs of ResNet-18's gradient: DDP's three
     buckets, each 8.4 us + 2 (n - 1) ring steps of 3.4 us over NVLink, and its bytes."""
     recs = fc.cluster()
-    for r in recs:
-        r.extra["gradient_bytes"] = flops.gradient_bytes("resnet18")
     entries = [records.Entry(r, "r.jsonl", i) for i, r in enumerate([*recs, fc.gpu_record()])]
     table = scaling_report.predictions(entries, entries[:-1])
     row = next(r for r in table.rows if r[3].startswith("NVLink") and r[4] == "8")
@@ -290,4 +287,5 @@ def test_predictions_of_resnet18_time_each_collective_at_nccls_latency():
     alpha = 8.4e-6 + 2 * 7 * 3.4e-6
     comm = sum(alpha + 2 * 7 / 8 * size / cm.NVLINK_H100_BYTES_PER_S for size, _ in buckets)
     assert row[6] == scaling_report.fmt_seconds(comm)  # 3 x 56 us + 78.2 MB / 370 GB/s
-    assert row[7] == scaling_report.fmt_seconds(fc.GPU_STEP + comm)
+    pieces = [(alpha + 2 * 7 / 8 * size / cm.NVLINK_H100_BYTES_PER_S, r) for size, r in buckets]
+    assert row[7] == scaling_report.fmt_seconds(cm.timeline(fc.GPU_STEP, pieces))
