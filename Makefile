@@ -236,7 +236,7 @@ docs: $(VENV)/base/.stamp
 	NO_MKDOCS_2_WARNING=1 $(VENV)/base/bin/mkdocs build --strict --quiet
 	$(VENV)/base/bin/python -m tools.docs_screenshot
 
-# A cluster in one box (compare/cluster.py): a network namespace per node on a link of its own
+# A cluster in one box (cluster/train.py): a network namespace per node on a link of its own
 # (LINKS: unlimited, 10gbit, 1gbit, 100mbit, ...), each node on its own cores running its
 # framework's multi-node engine for resnet18; one record per run. Needs root (CAP_NET_ADMIN).
 NODES ?= 1 2
@@ -245,16 +245,16 @@ CLUSTER_PRESET ?= cpu
 CLUSTER_ARGS ?= --epochs 3 --steps-per-epoch 4
 .PHONY: cluster
 cluster: setup
-	$(VENV)/base/bin/python -m compare.cluster --frameworks $(SELECTED) --nodes $$NODES \
+	$(VENV)/base/bin/python -m cluster.train --frameworks $(SELECTED) --nodes $$NODES \
 	  --links $$LINKS --preset "$$CLUSTER_PRESET" --results "$$RESULTS" $$CLUSTER_ARGS
 
-# Each engine's all-reduce alone, as nccl-tests measures NCCL's (compare/collectives.py): RANKS
+# Each engine's all-reduce alone, as nccl-tests measures NCCL's (cluster/allreduce.py): RANKS
 # nodes on loopback sharing the cores, then 2 nodes in network namespaces at each of LINKS (root).
 RANKS ?= 2 4 8
 COLLECTIVES_PRESET ?= cpu
 .PHONY: collectives
 collectives: setup
-	$(VENV)/base/bin/python -m compare.collectives --frameworks $(SELECTED) --ranks $$RANKS \
+	$(VENV)/base/bin/python -m cluster.allreduce --frameworks $(SELECTED) --ranks $$RANKS \
 	  --links $$LINKS --preset "$$COLLECTIVES_PRESET" --results "$$RESULTS"
 
 # The main job: sets up what is missing, runs everything at the preset that fits the machine.

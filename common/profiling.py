@@ -2,7 +2,7 @@
 
 Each framework's `devices.profiler(path)` (torch.profiler, jax.profiler, mx.profiler) writes a
 Chrome trace at `path` plus its extension, which Perfetto (ui.perfetto.dev) or chrome://tracing
-opens and `python -m compare.profile DIR` summarises the same way for all three. With --ceiling
+opens and `python -m common.traces DIR` summarises the same way for all three. With --ceiling
 the first timed ceiling repeat is traced beside the epoch, so the two can be set side by side:
 what the training loop runs that the tight loop does not.
 
@@ -93,7 +93,7 @@ def append(rec: results.Record, path, traced: str = "epoch") -> None:
         results.append(rec, path)
         return
     print(
-        f"--profile: traces in {directory} (python -m compare.profile {directory}); no record "
+        f"--profile: traces in {directory} (python -m common.traces {directory}); no record "
         f"written: tracing slowed the {traced} it traced",
         file=sys.stderr,
     )

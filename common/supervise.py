@@ -1,7 +1,7 @@
 """Processes that run together and end together: started (pinned to cores, in a network
 namespace, each in a session of its own), watched, stopped as a group, and ended with one line
 (docs/design.md, "Traps"). Framework-free: MXNet's launcher runs ps-lite's scheduler, servers and
-workers with it, and the cluster in one box (compare/cluster.py) runs one command per node.
+workers with it, and the cluster in one box (cluster/train.py) runs one command per node.
 
 A group fails fast: the first member that fails, or a check that finds something wrong (a node
 stopped, a link down), ends the run; every member is then stopped, and the line that says why

@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from common import results
-from compare import cluster, collectives, figure, records, resnet50, scaling_report, tables
+from compare import collectives, figure, records, resnet50, scaling_report, tables
 from compare.checks import WORKLOADS
 from compare.records import Entry, Machine
 from compare.render import escape, markdown_table, quoted
@@ -194,7 +194,7 @@ def scaling_part(reference: list[Machine], root: Path) -> str:
 
 def allreduce_line(path: str, reduced: list[dict]) -> str:
     """`**Each engine's all-reduce alone** (file; versions; commits)`, from the records."""
-    order = list(cluster.ENGINES)
+    order = records.FRAMEWORK_ORDER
     found = {(r["framework"], str(r.get("versions", {}).get(r["framework"]))) for r in reduced}
     versions = [escape(f"{fw} {v}") for fw, v in sorted(found, key=lambda x: order.index(x[0]))]
     commits = sorted({escape(results.short_commit(r.get("git_commit"))) for r in reduced})

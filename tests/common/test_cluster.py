@@ -1,4 +1,4 @@
-"""The cluster in one box (compare/cluster.py, common/netns.py, common/supervise.py) with stand-in
+"""The cluster in one box (cluster/train.py, common/netns.py, common/supervise.py) with stand-in
 nodes (tests/fixtures/fake_node.py: the frameworks' command line, a megabyte each way per
 epoch, node 0's record and exit barrier): namespaces made and removed, the link's bytes counted
 and its rate held, and every fault (a link down, a node killed, a node stopped, the cluster
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from cluster import train as cluster
 from common import netns, supervise
-from compare import cluster
 from tests.fixtures import interrupt
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,12 +54,12 @@ def fake_python(tmp_path):
 
 
 def start(python, results, *more, nodes="1 2", link="unlimited"):
-    """compare.cluster with the stand-in nodes, its output in a pipe."""
+    """cluster.train with the stand-in nodes, its output in a pipe."""
     argv = ["--frameworks", "torch", "--nodes", *nodes.split(), "--links", link]
     argv += ["--preset", "smoke"]
     argv += ["--results", str(results), "--python", str(python), *more]
     return subprocess.Popen(
-        [sys.executable, "-m", "compare.cluster", *argv],
+        [sys.executable, "-m", "cluster.train", *argv],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -315,7 +315,7 @@ def test_a_second_cluster_on_the_cores_another_holds_is_refused_in_one_line(monk
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_stop_while_the_cluster_command_imports_is_one_line(signum):
-    """The stop comes as compare.cluster imports its modules (common.netns, before main ran):
+    """The stop comes as cluster.train imports its modules (common.netns, before main ran):
     the line and 128 + the signal's number, no traceback, nothing made."""
     code = (
         "import os, runpy, sys\n"
@@ -324,8 +324,8 @@ def test_a_stop_while_the_cluster_command_imports_is_one_line(signum):
         "        if name == 'common.netns':\n"
         f"            os.kill(os.getpid(), {int(signum)})\n"
         "sys.meta_path.insert(0, Stop())\n"
-        "sys.argv = ['compare.cluster', '--nodes', '1']\n"
-        "runpy.run_module('compare.cluster', run_name='__main__', alter_sys=True)\n"
+        "sys.argv = ['cluster.train', '--nodes', '1']\n"
+        "runpy.run_module('cluster.train', run_name='__main__', alter_sys=True)\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60

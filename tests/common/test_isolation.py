@@ -1,5 +1,5 @@
-"""common/ is framework-free (docs/design.md): it must import with every framework blocked; so
-must compare.profile, which reads every framework's traces."""
+"""common/ is framework-free (docs/design.md): it must import with every framework blocked,
+common.traces too, which reads every framework's traces."""
 
 import subprocess
 import sys
@@ -14,7 +14,7 @@ class Block(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, Block())
 import common.cli, common.config, common.data, common.devices, common.info
 import common.processes, common.profiling, common.results, common.stages, common.timing
-import common.utilization, compare.profile
+import common.utilization, common.traces
 import common.weights
 loaded = BLOCKED & {m.split(".")[0] for m in sys.modules}
 assert not loaded, loaded

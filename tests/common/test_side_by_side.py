@@ -67,7 +67,8 @@ STRATEGY_RETURNS = ["place", "shard", "step", "correct", "total"]
 # The harness calls of `train`, in the order each `train` makes them (common/harness.py).
 HARNESS = {"warm_up", "epochs", "test_batches", "log", "timed"}
 # The files whose comments are held to the rules below.
-CHECKED = [ROOT / d for d in ("common", "compare", "tools", *(f"{f}_impl" for f in FRAMEWORKS))]
+PACKAGES = ("common", "compare", "cluster", "tools", *(f"{f}_impl" for f in FRAMEWORKS))
+CHECKED = [ROOT / d for d in PACKAGES]
 
 
 def path_of(framework: str, name: str) -> Path:

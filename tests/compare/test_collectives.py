@@ -1,5 +1,6 @@
 """The collectives benchmark's measuring loop, its cost-model fit and its report section
-(common/collectives.py, compare/collectives.py), on a world of numpy ranks and made-up records.
+(common/collectives.py, cluster/allreduce.py, compare/collectives.py), on a world of numpy ranks
+and made-up records.
 Each engine's own smoke run is in tests/<framework>_impl/test_allreduce.py."""
 
 import json
@@ -8,6 +9,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from cluster import allreduce
+from cluster import train as cluster
 from common import collectives, config, results
 from compare import collectives as report
 from compare import render
@@ -178,7 +181,7 @@ def namespaces_refused() -> str | None:
     return None
 
 
-VENVS = [report.cluster.ROOT / ".venv" / fw / "bin" / "python" for fw in report.cluster.ENGINES]
+VENVS = [cluster.ROOT / ".venv" / fw / "bin" / "python" for fw in cluster.ENGINES]
 
 
 @pytest.mark.slow
@@ -190,9 +193,9 @@ def test_every_engine_all_reduces_over_a_link_between_two_namespaces(tmp_path):
     engine checks its sums and writes one record, which says where it ran."""
     out = tmp_path / "c.jsonl"
     argv = ["--ranks", "--links", "100mbit", "--preset", "smoke", "--results", str(out)]
-    assert report.main(argv) == 0
+    assert allreduce.main(argv) == 0
     records = report.load(out)
-    assert sorted(r["framework"] for r in records) == sorted(report.cluster.ENGINES)
+    assert sorted(r["framework"] for r in records) == sorted(cluster.ENGINES)
     for rec in records:
         assert rec["link"] == {"name": "100mbit", "rate_bps": 100e6}
         assert rec["nodes"] == 2 and rec["extra"]["cores"] == "a core per node"
@@ -202,7 +205,7 @@ def test_every_engine_all_reduces_over_a_link_between_two_namespaces(tmp_path):
 def test_the_report_shows_the_all_reduce_beside_the_training_records(tmp_path):
     from compare import report as training_report
 
-    fixture = report.cluster.ROOT / "tests" / "fixtures" / "compare_results.jsonl"
+    fixture = cluster.ROOT / "tests" / "fixtures" / "compare_results.jsonl"
     mixed = tmp_path / "mixed.jsonl"
     mixed.write_text(fixture.read_text() + json.dumps(record(fw="jax", ranks=4)) + "\n")
     assert training_report.build([mixed], tmp_path / "out", echo=lambda *_: None) == 0

@@ -186,12 +186,12 @@ def test_a_record_of_another_schema_is_left_out_with_the_reason(tmp_path):
     assert ": schema 99 is not one this report reads (schema 1)" in left
 
 
-@pytest.mark.parametrize("name", ["report", "run", "cluster"])
+@pytest.mark.parametrize("name", ["compare.report", "compare.run", "cluster.train"])
 def test_a_ctrl_c_outside_the_runs_is_one_line(name, capsys, monkeypatch):
     """A stop while the report reads or writes (or before the cluster's first namespace) ends
     as every other stop of the project does: one line, exit 130, no traceback. The module's
     own `__main__` block runs, its main raising the stop."""
-    module = importlib.import_module(f"compare.{name}")
+    module = importlib.import_module(name)
     monkeypatch.setattr(signals, "_SAID", [])  # said once per process: this test's process
 
     def stopped(*_, **__):

@@ -1,4 +1,4 @@
-"""jax's multi-node engine across two network namespaces (compare/cluster.py), each node with its
+"""jax's multi-node engine across two network namespaces (cluster/train.py), each node with its
 own address, interface and core, the host name resolving to loopback as it is: the record and
 the bytes its link carried; and a fault on node 1 (kill, in the middle of the run) that ends
 every node within a minute with one line (the other faults: tests/common/test_cluster.py)."""

@@ -1,4 +1,4 @@
-"""torch's multi-node engine across two network namespaces (compare/cluster.py), each node with its
+"""torch's multi-node engine across two network namespaces (cluster/train.py), each node with its
 own address, interface and core, the host name resolving to loopback as it is: the record and
 the bytes its link carried; and a fault on node 1 (its link down in torchrun's exit barrier,
 after rank 0 wrote its record) that ends every node within a minute with one line (the other

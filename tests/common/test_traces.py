@@ -1,4 +1,4 @@
-"""compare/profile.py: --profile's Chrome traces read and summarised, on hand-made traces in the
+"""common/traces.py: --profile's Chrome traces read and summarised, on hand-made traces in the
 three shapes the frameworks write (torch: "X" events and an envelope; MXNet: "B"/"E" pairs and
 counters; JAX: gzipped)."""
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from compare import profile
+from common import traces
 
 META = [
     {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "host"}},
@@ -47,7 +47,7 @@ MXNET_LIKE = META[:2] + [
 
 
 def test_events_are_named_by_process_and_thread_and_the_envelope_is_left_out():
-    evs = profile.events(TORCH_LIKE)
+    evs = traces.events(TORCH_LIKE)
     assert {e.name for e in evs} == {"step", "conv", "launch", "loss", "kernel_a", "kernel_b"}
     conv = next(e for e in evs if e.name == "conv")
     assert (conv.process, conv.thread, conv.start, conv.end) == ("host", "main", 10, 40)
@@ -56,23 +56,23 @@ def test_events_are_named_by_process_and_thread_and_the_envelope_is_left_out():
 
 
 def test_begin_end_pairs_nest_and_counters_and_async_events_are_left_out():
-    evs = profile.events(MXNET_LIKE)
+    evs = traces.events(MXNET_LIKE)
     assert sorted((e.name, e.start, e.end) for e in evs) == [("dot", 0, 10), ("inner", 2, 6)]
-    assert profile.self_times(evs) == {"dot": (6, 1), "inner": (4, 1)}
+    assert traces.self_times(evs) == {"dot": (6, 1), "inner": (4, 1)}
 
 
 def test_busy_is_the_union_of_overlapping_events():
-    evs = profile.events(TORCH_LIKE)
-    assert profile.busy([e for e in evs if e.process == "GPU 0"]) == 60  # 30-90, not 20 + 45
-    assert profile.busy([e for e in evs if e.process == "host"]) == 100
+    evs = traces.events(TORCH_LIKE)
+    assert traces.busy([e for e in evs if e.process == "GPU 0"]) == 60  # 30-90, not 20 + 45
+    assert traces.busy([e for e in evs if e.process == "host"]) == 100
 
 
 def test_self_time_subtracts_direct_children_only():
-    host = [e for e in profile.events(TORCH_LIKE) if e.process == "host"]
-    times = profile.self_times(host)
+    host = [e for e in traces.events(TORCH_LIKE) if e.process == "host"]
+    times = traces.self_times(host)
     # step 100 - conv 30 - loss 10; conv 30 - launch 5 (launch is conv's child, not step's)
     assert times == {"step": (60, 1), "conv": (25, 1), "launch": (5, 1), "loss": (10, 1)}
-    assert sum(t for t, _ in times.values()) == profile.busy(host)
+    assert sum(t for t, _ in times.values()) == traces.busy(host)
 
 
 def test_summary_of_a_gzipped_trace_and_the_command_line(tmp_path, capsys):
@@ -80,7 +80,7 @@ def test_summary_of_a_gzipped_trace_and_the_command_line(tmp_path, capsys):
         json.dump({"traceEvents": TORCH_LIKE}, f)
     (tmp_path / "mxnet-lenet-epoch.json").write_text(json.dumps(MXNET_LIKE))  # a bare list
     (tmp_path / "notes.txt").write_text("not a trace")
-    assert profile.main([str(tmp_path), "--top", "2"]) == 0
+    assert traces.main([str(tmp_path), "--top", "2"]) == 0
     out = capsys.readouterr().out
     first, second = out.split("\n\n")
     assert first.splitlines()[:3] == [
@@ -108,18 +108,18 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, files, message):
         folder.mkdir()
         for name, text in files.items():
             (folder / name).write_text(text)
-    assert profile.main([str(folder)]) == 2
+    assert traces.main([str(folder)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
 
 
 def test_a_reader_that_stops_early_gets_no_traceback(tmp_path):
-    """`python -m compare.profile DIR | head`: the pipe closes mid-print; exit 1, stderr empty."""
+    """`python -m common.traces DIR | head`: the pipe closes mid-print; exit 1, stderr empty."""
     events = [
         {"ph": "X", "name": f"op_{i}", "pid": 1, "tid": 7, "ts": i, "dur": 1} for i in range(4000)
     ]
     (tmp_path / "torch-lenet-epoch.json").write_text(json.dumps(events))
-    command = [sys.executable, "-m", "compare.profile", str(tmp_path), "--top", "4000"]
+    command = [sys.executable, "-m", "common.traces", str(tmp_path), "--top", "4000"]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout.readline().startswith(b"torch-lenet-epoch.json: 4000 events")
     proc.stdout.close()  # more than a pipe's buffer is still to come

@@ -1,4 +1,4 @@
-"""`python -m compare.profile DIR`: --profile's Chrome traces (common/profiling.py), the same way
+"""`python -m common.traces DIR`: --profile's Chrome traces (common/profiling.py), the same way
 for the three frameworks. Per trace its span and, per process (the host; a GPU, whose threads are
 its streams) and thread, how long something ran there and the events with the most self time. A
 GPU busy for most of the span runs its kernels back to back; one that idles waits for the host:
@@ -140,7 +140,7 @@ def traces(directory: Path) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m compare.profile", description="Summarise --profile's Chrome traces."
+        prog="python -m common.traces", description="Summarise --profile's Chrome traces."
     )
     p.add_argument("directory", type=Path, help="the folder a run's --profile wrote")
     p.add_argument("--top", type=int, default=5, help="processes, threads and events shown")

@@ -1,4 +1,4 @@
-"""`python -m compare.cluster --frameworks torch jax mxnet --nodes 1 2 --links unlimited 1gbit`:
+"""`python -m cluster.train --frameworks torch jax mxnet --nodes 1 2 --links unlimited 1gbit`:
 a cluster in one box (`make cluster`), each framework's own multi-node engine inside it.
 
 Every node is a network namespace of its own (common/netns.py) on its own cores, joined to the
@@ -65,9 +65,7 @@ STOP_GRACE_S = 5.0
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m compare.cluster", description=__doc__.split("\n")[0]
-    )
+    p = argparse.ArgumentParser(prog="python -m cluster.train", description=__doc__.split("\n")[0])
     p.add_argument("--frameworks", nargs="+", default=list(ENGINES), choices=list(ENGINES))
     p.add_argument("--nodes", nargs="+", type=int, default=[1, 2], help="node counts to run")
     p.add_argument("--links", nargs="+", default=["unlimited"], help="unlimited, 10gbit, ...")
