@@ -3,7 +3,8 @@ collectives the engine makes, each timed by the classic cost model of an all-red
 t = alpha + 2 (n - 1) / n x bytes / busbw (nccl-tests' bus bandwidth), and placed on a timeline
 beside the backward. Pure arithmetic: no framework, no records.
 
-Each node's link carries 2 (n - 1) / n x G bytes per step each way, G the gradient's bytes:
+Each node's link carries 2 (n - 1) / n x G bytes per step each way, G the gradient's bytes, in
+either algorithm of the three engines:
 - ring all-reduce (gloo, NCCL): a reduce-scatter then an all-gather, each n - 1 steps of a chunk
   of G / n to the next rank;
 - parameter server with a server per node holding G / n (ps-lite, MXNet's kvstore dist_sync):
@@ -15,8 +16,6 @@ from __future__ import annotations
 
 from common.flops import TRAIN_MULTIPLIER
 
-RING, PS = "ring all-reduce", "parameter server"
-ALGORITHMS = (RING, PS)
 # Interconnects not lent, for predictions only, as nccl-tests' bus bandwidth (the bytes per
 # second of each rank's link). H100 SXM over NVLink 4: all_reduce_perf is reported at 370 to
 # 460-480 GB/s (nccl-tests; docs.alayanew.com's guide for 8 x H100 SXM5); the lower is taken, so
@@ -40,10 +39,8 @@ def nccl_latency(n: int, step_latency: float) -> float:
     return NCCL_BASE_LATENCY_S + 2 * (n - 1) * step_latency
 
 
-def link_bytes(algorithm: str, n: int, gradient_bytes: float) -> float:
+def link_bytes(n: int, gradient_bytes: float) -> float:
     """Bytes one node's link carries per step in each direction (the module's docstring)."""
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"unknown algorithm {algorithm!r}; one of {', '.join(ALGORITHMS)}")
     if n < 1:
         raise ValueError(f"a cluster has at least one node, got {n}")
     return 2 * (n - 1) / n * gradient_bytes

@@ -120,10 +120,6 @@ def split(machines: list[Machine], root: Path) -> tuple[list[Machine], list[Mach
     return shown, others
 
 
-def fragment(paths=REFERENCE, root: Path = ROOT) -> str:
-    return render(load(paths, root), root)
-
-
 def render(machines: list[Machine], root: Path) -> str:
     """A generated part (markers excluded): per group its line and tables, then the notes."""
     items = [x for m in machines for x in (machine_line(m, root), *machine_tables(m))]

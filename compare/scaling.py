@@ -21,15 +21,6 @@ from compare import comm_model as cm
 from compare.collectives import fit_key
 from compare.records import FRAMEWORK_ORDER, Entry
 
-# The exchange a strategy makes; extra.engine's text is read only for a strategy not listed.
-ALGORITHMS = {
-    ("torch", "ddp"): cm.RING,
-    ("jax", "sharding"): cm.RING,
-    ("jax", "shard_map"): cm.RING,
-    ("jax", "pmap"): cm.RING,
-    ("mxnet", "dist"): cm.PS,
-}
-
 
 @dataclass(frozen=True)
 class Engine:
@@ -48,17 +39,6 @@ def engine_of(e: Entry) -> Engine:
     return Engine(
         r.framework, e.tier, e.sync_bn, e.cores_per_device, r.preset, per_device, r.devices / nodes
     )
-
-
-def algorithm(e: Entry) -> str | None:
-    """The exchange the run's engine makes (comm_model.RING or PS), or None (not known)."""
-    known = ALGORITHMS.get((e.rec.framework, e.rec.strategy))
-    if known is not None:
-        return known
-    text = str(e.rec.extra.get("engine") or "").lower()
-    if "parameter server" in text:
-        return cm.PS
-    return cm.RING if "all-reduce" in text or "allreduce" in text else None
 
 
 def step_seconds(e: Entry | None) -> float | None:
@@ -157,10 +137,10 @@ class Cell:
 
 def analyse(e: Entry, base: Entry | None, fits: dict) -> Cell:
     cell = Cell(e, base, step_seconds(e), step_seconds(base), measured_bytes(e))
-    alg, n, grad = algorithm(e), e.nodes, e.rec.extra.get("gradient_bytes")
-    if n == 1 or alg is None or grad is None:
+    n, grad = e.nodes, e.rec.extra.get("gradient_bytes")
+    if n == 1 or grad is None:
         return cell
-    cell.bytes_model = cm.link_bytes(alg, n, grad)
+    cell.bytes_model = cm.link_bytes(n, grad)
     if pieces := measured_exchange(e, fits):
         cell.comm = sum(t for t, _ in pieces)
         if cell.compute is not None:

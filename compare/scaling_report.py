@@ -162,7 +162,7 @@ def predicted_row(e: Entry, grad, name: str, bandwidth: float, hop: float, n: in
     comm, step = sum(t for t, _ in pieces), cm.timeline(t1, pieces)
     gpu = records.hardware_text(records.hardware_key(e.rec), 1, False)
     cells = [gpu, f"{e.rec.framework} {e.label}", fmt_seconds(t1), name, str(n)]
-    cells += [fmt_bytes(cm.link_bytes(cm.RING, n, grad))]
+    cells += [fmt_bytes(cm.link_bytes(n, grad))]
     return [*cells, *(fmt_seconds(x) for x in (comm, step)), f"{t1 / step:.0%}"]
 
 

@@ -113,7 +113,7 @@ def test_readme_tables_show_the_ceiling_beside_the_one_device_time(tmp_path):
     path.parent.mkdir()
     for rec in training() + CEILINGS[:-1]:  # the smoke ceiling would be a group of its own
         results.append(rec, path)
-    text = readme.fragment(("results/r.jsonl",), tmp_path)
+    text = readme.render(readme.load(("results/r.jsonl",), tmp_path), tmp_path)
     assert "| ceiling sec/epoch | x ceiling (1 dev) |" in text
     assert (
         "| 10.0 ± 0.5 s (n=3) | 5.00 ± 0.25 s (n=3) | overheads only | 8.00 ± 0.00 s* (n=3) "
@@ -174,7 +174,7 @@ def test_a_ceiling_measured_in_the_run_is_the_one_its_record_is_set_against(tmp_
     assert row["ceiling sec/epoch"] == "8.00 ± 0.00 s* (n=3)"
     from compare import readme
 
-    text = readme.fragment(("results/r.jsonl",), tmp_path)
+    text = readme.render(readme.load(("results/r.jsonl",), tmp_path), tmp_path)
     assert (
         "| 10.0 ± 0.5 s (n=3) | 5.00 ± 0.25 s (n=3) | overheads only | 8.00 ± 0.00 s* (n=3) "
         "| 1.30x |" in (text)
