@@ -8,7 +8,6 @@ blocks inside the loop, so asynchronous dispatch lets the devices overlap. Image
 inside (flax's layout), NCHW in the shared weights.
 """
 
-import dataclasses
 from functools import partial
 
 import flax.linen as nn
@@ -17,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from common import config, stages, timing
+from common import config, stages
 from common.stages import DEPTHS, blocks_of, stage_blocks
 from jax_impl import devices as jdev
 from jax_impl import weights as jweights
@@ -232,36 +231,13 @@ def make_data(cfg, devices):
     return inputs, labels
 
 
-def measure_stages(model, cfg, repeats=3):
-    """For the compare report's pipeline model: each stage's seconds for one whole batch, forward
-    and backward on its device, one stage after another (median of `repeats`, after a warm-up);
-    its parameters; its peak memory (device.memory_stats()) or else parameter + gradient bytes."""
-    inputs, labels = make_data(dataclasses.replace(cfg, num_batches=1), model.devices)
-    x, y, n = inputs[0], labels[0], len(model.modules)
-    seconds, memory, box = [], [], []
-    for s, device in enumerate(model.devices):
-        x = jax.device_put(x, device)
-        stage = (model.modules[s], model.params[s], model.stats[s], x)
-
-        def step(stage=stage, args=(model.train_bn, s > 0), last=s == n - 1):
-            if last:
-                box[:] = [last_stage_step(*stage, y, *args, y.size)]
-            else:
-                out, vjp, _ = stage_forward(*stage, *args)
-                box[:] = [stage_backward(vjp, jnp.ones_like(out))]
-
-        seconds.append(timing.benchmark(step, lambda: jdev.sync(box), repeats).stats().median)
-        stats = device.memory_stats() or {}  # a peak is never 0 bytes: 0 is "not known"
-        param_grad_bytes = sum(2 * leaf.nbytes for leaf in jax.tree.leaves(model.params[s]))
-        memory.append(stats.get("peak_bytes_in_use", 0) or param_grad_bytes)
-        x, _ = forward(*stage, model.train_bn)
+def stage_layout(model):
+    """The record's stages: how many, each one's blocks (`stem..layer2.3 | layer3.0..head`) and
+    its parameters."""
     return {
-        "num_stages": n,
+        "num_stages": len(model.modules),
         "stage_blocks": [list(m.blocks) for m in model.modules],
-        "stage_seconds": seconds,
         "stage_params": [sum(leaf.size for leaf in jax.tree.leaves(p)) for p in model.params],
-        "stage_peak_memory_bytes": memory,
-        "memory_source": "memory_stats.peak_bytes_in_use" if stats else "param_grad_bytes",
     }
 
 
@@ -290,10 +266,10 @@ def build(strategy, devices, split_size, num_classes, seed=0, depths=DEPTHS):
 
 def measure(args, cfg, devices, strategy, repeats):
     """Build `strategy`'s model on its devices, train it through `repeats`, and return the
-    record's extra: the stages' times where there are stages."""
+    record's extra: the stages' layout where there are stages."""
     model = build(strategy, devices, repeats.split_sizes[0], cfg.num_classes, cfg.seed)
     train(model, cfg, devices, repeats)
-    return measure_stages(model, cfg) if strategy != "single" else {}
+    return stage_layout(model) if strategy != "single" else {}
 
 
 def main(args, plan, cfg, hooks):

@@ -8,14 +8,12 @@ MXNet: each stage's parameters are initialised on its context and activations mo
 worker threads overlap.
 """
 
-import dataclasses
-
 import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon, nd
 from mxnet.gluon import nn
 
-from common import config, stages, timing
+from common import config, stages
 from common.stages import DEPTHS, blocks_in, stage_blocks
 from mxnet_impl import devices as mdev
 from mxnet_impl import weights as mweights
@@ -154,37 +152,15 @@ def make_data(cfg, devices):
     return inputs, labels
 
 
-def measure_stages(model, cfg, repeats=3):
-    """For the compare report's pipeline model: seconds each stage takes for one whole batch,
-    forward and backward, on its own device, stages run one after another (median of
-    `repeats`); parameters per stage; and parameter + gradient bytes per stage (MXNet exposes
-    no peak memory)."""
-    x = make_data(dataclasses.replace(cfg, num_batches=1), model.devices)[0][0]
-    seconds, params, memory = [], [], []
-    for i, (stage, device) in enumerate(zip(model.stages, model.devices, strict=True)):
-        x = x.as_in_context(device)
-        if i > 0:
-            x.attach_grad()  # later stages need the input grad
-
-        def step(stage=stage, x=x):
-            with autograd.record():
-                out = stage(x)
-            out.backward(nd.ones_like(out))
-
-        timer = timing.benchmark(step, mdev.sync, repeats)
-        seconds.append(timer.stats().median)
-        trained = [p for p in stage.collect_params().values() if p.grad_req != "null"]
-        params.append(sum(p.data().size for p in trained))
-        memory.append(sum(2 * p.data().size * p.data().dtype(0).itemsize for p in trained))
-        with autograd.record():  # train-mode forward for the next stage's input
-            x = stage(x).detach()
+def stage_layout(model):
+    """The record's stages: how many, each one's blocks (`stem..layer2.3 | layer3.0..head`) and
+    its trained parameters."""
+    n = len(model.stages)
+    params = [stage.collect_params().values() for stage in model.stages]
     return {
-        "num_stages": len(model.stages),
-        "stage_blocks": [list(b) for b in stage_blocks(len(model.stages), blocks_in(model))],
-        "stage_seconds": seconds,
-        "stage_params": params,
-        "stage_peak_memory_bytes": memory,
-        "memory_source": "param_grad_bytes",
+        "num_stages": n,
+        "stage_blocks": [list(b) for b in stage_blocks(n, blocks_in(model))],
+        "stage_params": [sum(p.data().size for p in ps if p.grad_req != "null") for ps in params],
     }
 
 
@@ -236,11 +212,11 @@ def build(strategy, devices, split_size, num_classes, depths=DEPTHS):
 
 def measure(args, cfg, devices, strategy, repeats):
     """Build `strategy`'s model on its devices, train it through `repeats`, and return the
-    record's extra: the stage times where there are stages."""
+    record's extra: the stages' layout where there are stages."""
     mx.random.seed(cfg.seed)
     model = build(strategy, devices, repeats.split_sizes[0], cfg.num_classes)
     train(model, cfg, devices, repeats)
-    return measure_stages(model, cfg) if strategy != "single" else {}
+    return stage_layout(model) if strategy != "single" else {}
 
 
 def main(args, plan, cfg, hooks):

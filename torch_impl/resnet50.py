@@ -7,13 +7,11 @@ torch only: `gpipe` and `1f1b` run the same stages on torch.distributed.pipelini
 per stage started through torchrun (torch_impl/pipelining.py).
 """
 
-import dataclasses
-
 import torch
 from torch import nn, optim
 from torchvision.models.resnet import Bottleneck, ResNet
 
-from common import config, stages, timing
+from common import config, stages
 from common.stages import DEPTHS, blocks_in, stage_blocks
 from torch_impl import devices as tdev
 from torch_impl import launch, pipelining
@@ -136,38 +134,14 @@ def make_data(cfg, devices, dtype=torch.float32):
     return inputs, labels
 
 
-def measure_stages(model, cfg, repeats=3):
-    """For the compare report's pipeline model: seconds each stage takes for one whole batch,
-    forward and backward, on its own device, stages run one after another (median of
-    `repeats`); parameters per stage; peak memory per stage (torch.cuda.max_memory_allocated,
-    read before this runs) or else parameter + gradient bytes."""
-    x = make_data(dataclasses.replace(cfg, num_batches=1), model.devices)[0][0]
-    seconds, params, memory = [], [], []
-    for i, (stage, device) in enumerate(zip(model.stages, model.devices, strict=True)):
-        x = x.to(device).detach().requires_grad_(i > 0)  # later stages need the input grad
-
-        def step(stage=stage, x=x):
-            out = stage(x)
-            out.backward(torch.ones_like(out))
-
-        timer = timing.benchmark(step, lambda device=device: tdev.sync([device]), repeats)
-        seconds.append(timer.stats().median)
-        params.append(sum(p.numel() for p in stage.parameters()))
-        if device.type == "cuda":
-            memory.append(torch.cuda.max_memory_allocated(device))
-        else:
-            memory.append(sum(2 * p.numel() * p.element_size() for p in stage.parameters()))
-        with torch.no_grad():
-            x = stage(x)
-    model.zero_grad(set_to_none=True)
-    source = "max_memory_allocated" if model.devices[0].type == "cuda" else "param_grad_bytes"
+def stage_layout(model):
+    """The record's stages: how many, each one's blocks (`stem..layer2.3 | layer3.0..head`) and
+    its parameters."""
+    n = len(model.stages)
     return {
-        "num_stages": len(model.stages),
-        "stage_blocks": [list(b) for b in stage_blocks(len(model.stages), blocks_in(model))],
-        "stage_seconds": seconds,
-        "stage_params": params,
-        "stage_peak_memory_bytes": memory,
-        "memory_source": source,
+        "num_stages": n,
+        "stage_blocks": [list(b) for b in stage_blocks(n, blocks_in(model))],
+        "stage_params": [sum(p.numel() for p in stage.parameters()) for stage in model.stages],
     }
 
 
@@ -211,7 +185,7 @@ def measure(args, cfg, devices, strategy, repeats):
     for d in cuda:  # after the build: CUDA refuses this on a device it has not touched yet
         torch.cuda.reset_peak_memory_stats(d)
     train(model, cfg, devices, repeats)
-    extra = measure_stages(model, cfg) if strategy != "single" else {}
+    extra = stage_layout(model) if strategy != "single" else {}
     if strategy == "single" and cuda:
         extra = {"peak_memory_bytes": [torch.cuda.max_memory_allocated(cuda[0])]}
     return extra | (tdev.compile_fields(True, devices[0]) if args.compile else {})

@@ -261,10 +261,8 @@ def test_main_default_writes_three_records(tmp_path, shallow_main):
     assert recs[0]["devices"] == 1 and recs[2]["split_size"] == 2
     for r in recs[1:]:
         e = r["extra"]
-        assert e["num_stages"] == 2 and len(e["stage_seconds"]) == 2
-        assert sum(e["stage_params"]) == shallow_main
+        assert e["num_stages"] == 2 and sum(e["stage_params"]) == shallow_main
         assert e["stage_blocks"] == [list(b) for b in stages.stage_blocks(2, blocks_of(DEPTHS))]
-        assert len(e["stage_peak_memory_bytes"]) == 2 and e["memory_source"]
     assert all(r["images_per_sec"] > 0 and r["seconds"]["n"] == 1 for r in recs)
 
 
