@@ -136,13 +136,14 @@ def latest(records: list[dict]) -> list[dict]:
     for rec in sorted(records, key=lambda r: str(r.get("timestamp"))):
         machine = rec.get("hardware", {}).get("cpu"), rec.get("platform")
         cells[(rec["framework"], setting(rec), machine)] = rec
-    order = FRAMEWORK_ORDER
-    return sorted(cells.values(), key=lambda r: (order.index(r["framework"]), _order(r)))
+    return sorted(cells.values(), key=_order)
 
 
 def _order(rec: dict) -> tuple:
+    """By engine, then loopback before links, faster links first, then by rank count."""
     link = rec.get("link", {})
-    return (link.get("name") != "loopback", -(link.get("rate_bps") or math.inf), rec["ranks"])
+    fw = FRAMEWORK_ORDER.index(rec["framework"])
+    return (fw, link.get("name") != "loopback", -(link.get("rate_bps") or math.inf), rec["ranks"])
 
 
 def fit_table(records: list[dict]):

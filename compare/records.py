@@ -13,7 +13,7 @@ from common import results
 from common.results import Record
 from compare.checks import CEILING, SHARED_DEVICE, parse_time, positive, problem
 
-FRAMEWORK_ORDER = ("torch", "jax", "mxnet")
+FRAMEWORK_ORDER = results.FRAMEWORKS  # the tables' order: the records' own list
 STRATEGY_ORDER = {
     "lenet": ("scratch",),
     "resnet18": ("ddp", "dataparallel", "sharding", "shard_map", "pmap", "gluon"),

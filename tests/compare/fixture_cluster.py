@@ -20,6 +20,7 @@ from common import collectives, flops
 from common.results import Record
 from tests.compare import fixture_records
 from tests.compare.fixture_records import stats
+from tests.compare.test_collectives import record, rows_of
 
 GRADIENT_BYTES = flops.gradient_bytes("resnet18")
 ALPHA, BUSBW = 1e-3, 1e8  # the all-reduce runs' fit over 1gbit: 1 ms, 100 MB/s per link
@@ -149,20 +150,9 @@ def gpu_record() -> Record:
 
 def allreduce(framework: str) -> dict:
     """An all-reduce run of 2 nodes over 1gbit on the box, exactly ALPHA + bytes / BUSBW."""
-    sizes = collectives.sizes(4**13)
-    rows = [collectives.row(s, 5, ALPHA + s / BUSBW, 2) for s in sizes]
-    return {
-        "workload": "allreduce",
-        "framework": framework,
-        "collective": "all-reduce",
-        "ranks": 2,
-        "rows": rows,
-        "link": {"name": "1gbit", "rate_bps": 1e9},
-        "extra": {},
-        "hardware": BOX,
-        "platform": "cpu",
-        "timestamp": "2026-11-22T09:00:00+00:00",
-    }
+    rec = record(fw=framework, link="1gbit", rate=1e9)
+    rec["rows"] = rows_of(collectives.sizes(4**13), 2, ALPHA, BUSBW)
+    return rec | {"hardware": BOX}
 
 
 def write(path: Path, recs: list) -> Path:
