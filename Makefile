@@ -9,9 +9,9 @@
 #   make collectives [FRAMEWORK=..] [RANKS="2 4 8"] [LINKS=..]   each engine's all-reduce alone
 #   make report | readme-tables | docs | setup [FRAMEWORK=..] | lock [UPGRADE=1] | lint | info | clean
 
-SHELL := /bin/bash
-FRAMEWORKS := torch jax mxnet
-WORKLOADS := lenet resnet18 resnet50
+override SHELL := /bin/bash
+override FRAMEWORKS := torch jax mxnet
+override WORKLOADS := lenet resnet18 resnet50
 VENV := .venv
 GPUS ?= 1
 PLATFORM ?= auto
@@ -21,24 +21,52 @@ REPORTS ?= reports
 PIP_FLAGS ?= --quiet --disable-pip-version-check
 # The machine's Python, used for every environment whose lock supports it (tools/venv.sh).
 PYTHON ?= python3
+UV_VERSION := 0.13.9
+UV ?= $(VENV)/tools/bin/uv
+GPU_PYTHON ?=
+NUMERICS_ISAS ?= native AVX2
+
+# --- what a user gives, checked as the Makefile is read ------------------------------------------
+# A value reaches a recipe as environment ($$NAME there, quoted or split into words), or, where
+# make itself must write it into a recipe (a name, a path, a list of options), only once it is
+# checked here: one word (or a list of words) of the characters below, or one of the names a
+# setting takes. Anything else, shell text among it, is refused in one line before any recipe
+# runs, `make -n` included (which runs the lines that call $(MAKE)). A `$` in a value given on
+# make's command line is refused too: make expands such a value as it hands it to a recipe. The
+# Makefile's own lists and recipe pieces are `override`: a command line cannot replace them.
+override WORD_CHARS := a b c d e f g h i j k l m n o p q r s t u v w x y z \
+  A B C D E F G H I J K L M N O P Q R S T U V W X Y Z 0 1 2 3 4 5 6 7 8 9 . _ / + - = : , @ %
+override empty :=
+override space := $(empty) $(empty)
+# $(1) less every character listed in $(2).
+override without = $(if $(2),$(call without,$(subst $(firstword $(2)),,$(1)),$(wordlist 2,$(words $(2)),$(2))),$(1))
+# Whether variable $(1) came from the user (make's command line or the environment): the
+# Makefile's own defaults are not checked.
+override given = $(filter command line environment environment override,$(origin $(1)))
+# Whether variable $(1)'s text as given (never expanded: a `$(shell ...)` in it runs nothing) is
+# a number of words that $(2) allows (`1`, `0 1`, or `any`), each of WORD_CHARS only.
+override words_ok = $(and $(if $(filter any,$(2)),ok,$(filter $(2),$(words $(value $(1))))),$(if $(call without,$(subst $(space),,$(value $(1))),$(WORD_CHARS)),,ok))
+override need_words = $(if $(call given,$(1)),$(if $(call words_ok,$(1),$(2)),,$(error $(1)='$(value $(1))' is not $(3): letters, digits and ._/+-=:,@% only, no spaces or shell text)))
+# Variable $(1) is one of the words $(2), or unset where $(3) says `optional`.
+override one_of = $(and $(filter 1,$(words $(value $(1)))),$(filter $(2),$(value $(1))))
+override need_one_of = $(if $(call given,$(1)),$(if $(or $(call one_of,$(1),$(2)),$(and $(3),$(if $(strip $(value $(1))),,ok))),,$(error unknown $(1) '$(value $(1))'; choose one of: $(2))))
+$(foreach v,$(.VARIABLES),$(if $(and $(filter command line,$(origin $(v))),$(findstring $$,$(value $(v)))),$(error $(v)='$(value $(v))': a `$$` in a value given to make would run as make text; give it without)))
+$(call need_words,VENV,1,one path)
+$(call need_words,PYTHON,1,one command or path)
+$(call need_words,UV,0 1,one command or path (or empty: no uv))
+$(call need_words,GPU_PYTHON,0 1,one command or path)
+$(call need_words,UV_VERSION,1,one version)
+$(call need_words,PIP_FLAGS,any,a list of pip options)
+$(call need_words,MAKE,1,one command or path)
+$(call need_words,UPGRADE,0 1,one word (UPGRADE=1))
+$(call need_one_of,FRAMEWORK,$(FRAMEWORKS),optional)
+$(call need_one_of,WORKLOAD,$(WORKLOADS) all)
+$(call need_one_of,ISA,AVX2,optional)
+$(foreach isa,$(if $(call given,NUMERICS_ISAS),$(value NUMERICS_ISAS)),$(if $(filter native AVX2,$(isa)),,$(error NUMERICS_ISAS='$(value NUMERICS_ISAS)' holds '$(isa)': give native, AVX2 or both)))
 
 # Which framework environments a target works on: FRAMEWORK=x, or all three.
-ifdef FRAMEWORK
-  ifeq ($(filter $(FRAMEWORK),$(FRAMEWORKS)),)
-    $(error unknown FRAMEWORK '$(FRAMEWORK)'; choose one of: $(FRAMEWORKS))
-  endif
-  SELECTED := $(FRAMEWORK)
-else
-  SELECTED := $(FRAMEWORKS)
-endif
-ifneq ($(WORKLOAD),all)
-  ifeq ($(filter $(WORKLOAD),$(WORKLOADS)),)
-    $(error unknown WORKLOAD '$(WORKLOAD)'; choose one of: $(WORKLOADS) all)
-  endif
-  BENCH_WORKLOADS := $(WORKLOAD)
-else
-  BENCH_WORKLOADS := $(WORKLOADS)
-endif
+override SELECTED := $(or $(strip $(FRAMEWORK)),$(FRAMEWORKS))
+override BENCH_WORKLOADS := $(if $(filter all,$(WORKLOAD)),$(WORKLOADS),$(strip $(WORKLOAD)))
 
 .PHONY: setup test numerics mutants bench ceiling report compare lint format info clean
 
@@ -46,18 +74,16 @@ endif
 # Each is installed from its lock file in locks/ (`make lock` writes them), so every machine gets the
 # same versions as the committed results. The Pythons each lock is made for: the locked numpy 2.4
 # and flax 0.12 need 3.11+; MXNet's numpy 1.23.5 has wheels for 3.10 and 3.11 only.
-PYTHONS := 3.11 3.12 3.13
-PYTHONS_mxnet := 3.10 3.11
-pythons = $(or $(PYTHONS_$(1)),$(PYTHONS))
+override PYTHONS := 3.11 3.12 3.13
+override PYTHONS_mxnet := 3.10 3.11
+override pythons = $(or $(PYTHONS_$(1)),$(PYTHONS))
 # JAX with CUDA plugins where nvidia-smi is found.
-JAX_LOCK := $(if $(shell command -v nvidia-smi),jax-cuda,jax)
-lock_of = locks/$(if $(filter jax,$(1)),$(JAX_LOCK),$(1)).txt
+override JAX_LOCK := $(if $(shell command -v nvidia-smi),jax-cuda,jax)
+override lock_of = locks/$(if $(filter jax,$(1)),$(JAX_LOCK),$(1)).txt
 
 # uv makes the environments; a pinned copy in its own venv, since Debian's pip refuses --user
-# installs. UV=uv uses the one on PATH; without uv, tools/venv.sh uses venv + pip (same locks).
-# (The grep drops pip's warning per package missing from a file:// index in pip.conf.)
-UV_VERSION := 0.13.9
-UV ?= $(VENV)/tools/bin/uv
+# installs (UV_VERSION). UV=uv uses the one on PATH; without uv, tools/venv.sh uses venv + pip
+# (same locks). (The grep drops pip's warning per package missing from a file:// index in pip.conf.)
 # (tools/venv.sh --check-python: a PYTHON given that does not run is an error here, not a setup
 # that goes on without uv, on another Python)
 $(VENV)/tools/bin/uv:
@@ -80,8 +106,8 @@ setup: $(VENV)/base/.stamp $(foreach f,$(SELECTED),$(VENV)/$(f)/.stamp)
 # Rewrite locks/*.txt from pyproject.toml. uv keeps the versions the existing lock pins (so the
 # results stay valid) unless UPGRADE=1. One universal file per environment, for every Python of
 # its list; then each is checked to install from wheels alone on x86_64 Linux for each of them.
-LOCKS := base torch jax jax-cuda mxnet
-extras_of = $(if $(filter base,$(1)),dev report docs,$(1) dev $(if $(filter mxnet,$(1)),report))
+override LOCKS := base torch jax jax-cuda mxnet
+override extras_of = $(if $(filter base,$(1)),dev report docs,$(1) dev $(if $(filter mxnet,$(1)),report))
 .PHONY: lock $(LOCKS:%=lock-%)
 lock: $(LOCKS:%=lock-%)
 $(LOCKS:%=lock-%): lock-%: | $(filter $(VENV)/tools/bin/uv,$(UV))
@@ -97,7 +123,7 @@ $(LOCKS:%=lock-%): lock-%: | $(filter $(VENV)/tools/bin/uv,$(UV))
 
 # A framework whose environment setup skipped (MXNet without Python 3.10/3.11) is skipped with
 # setup's line, and the rest runs: `ready f || continue` in the loops below.
-READY = ready() { [ -e $(VENV)/$$1/.stamp ] && return; \
+override READY = ready() { [ -e $(VENV)/$$1/.stamp ] && return; \
   echo "== $$1 skipped: $$(cat $(VENV)/$$1.skipped 2>/dev/null || echo 'not set up')"; return 1; }
 
 # --- tests: framework-free suites in base (numpy 2) and again in mxnet (numpy 1.23); each
@@ -106,8 +132,8 @@ READY = ready() { [ -e $(VENV)/$$1/.stamp ] && return; \
 # suite a contributor runs after each change, minutes), and `make test-slow`, the slow ones and
 # the framework-free suites again under MXNet's numpy 1.23. `make test-all` (CI) runs both.
 # Each suite prints its seconds and its five slowest tests: a log says where the time went.
-TIER_test := not slow
-TIER_test-slow := slow
+override TIER_test := not slow
+override TIER_test-slow := slow
 # Each suite runs through tools/suite.py: pytest-xdist's two tests at a time (most wait on one
 # core: an import, a compilation, another process's start), an `xdist_group` on one worker (the
 # cluster tests, torch's compile tests), JAX's files each on one (shared compiled programs); a
@@ -121,13 +147,13 @@ export DURATIONS ?= 5
 # compiled (an xdist worker, a run a test starts, an earlier `make test`) is read back by the
 # next instead of compiled again. The benchmarks keep compiling, as a user's first run does.
 # The size limit makes JAX lock the cache's files (filelock): the workers share it.
-TEST_CACHE := $(CURDIR)/build/test-cache
+override TEST_CACHE := $(CURDIR)/build/test-cache
 test test-slow numerics: export JAX_COMPILATION_CACHE_DIR := $(TEST_CACHE)/jax
 test test-slow numerics: export JAX_COMPILATION_CACHE_MAX_SIZE := 2000000000
 test test-slow numerics: export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS := 0.1
 # Not run again under numpy 1.23: what they test (processes and their signals, network
 # namespaces, the pages in a browser) does not compute with numpy, and they wait the longest.
-NUMPY_FREE := tests/common/test_cluster.py tests/common/test_supervise.py \
+override NUMPY_FREE := tests/common/test_cluster.py tests/common/test_supervise.py \
   tests/common/test_lessons_browser.py
 .PHONY: test-slow test-all
 test test-slow: setup
@@ -150,7 +176,6 @@ test-all: test test-slow
 # The GPU tier: every test marked `gpu` in the torch and JAX suites (MXNet's build is CPU-only),
 # with how many ran and the total time, so a short lent GPU can run all of it first. On a GPU
 # machine without .venvs: make test-gpu GPU_PYTHON=python3.
-GPU_PYTHON ?=
 .PHONY: test-gpu
 test-gpu:
 	@status=0; start=$$(date +%s); \
@@ -167,11 +192,10 @@ test-gpu:
 # run as `make test` runs them (tools/suite.py: two workers, each with its share of the cores),
 # so the capped run computes with the threads an AVX2 machine's `make test` does.
 # `make test ISA=AVX2` (or test-slow) runs a whole tier capped.
-NUMERICS_ISAS ?= native AVX2
 # torch: ATen's kernels and TorchInductor's generated C++ (ATEN_CPU_CAPABILITY), oneDNN, MKL;
 # TorchInductor's cache of its own, since it mixes up kernels built at another ISA
 # (docs/design.md, Traps).
-ISA_CAP = ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 DNNL_MAX_CPU_ISA=AVX2 \
+override ISA_CAP = ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 DNNL_MAX_CPU_ISA=AVX2 \
   MKL_ENABLE_INSTRUCTIONS=AVX2 XLA_FLAGS="$$XLA_FLAGS --xla_cpu_max_isa=AVX2" \
   TORCHINDUCTOR_CACHE_DIR=$(TEST_CACHE)/inductor-avx2
 numerics: setup
@@ -207,7 +231,7 @@ endif
 # --- the ceiling: each workload's training step in a tight loop on one device, appending a
 # record (strategy `ceiling`) that the report sets against the training runs (common/ceiling.py).
 # One device always, so GPUS is not passed; resnet50 has no ceiling (refused in one line).
-CEILING_WORKLOADS := $(if $(filter all,$(WORKLOAD)),lenet resnet18,$(WORKLOAD))
+override CEILING_WORKLOADS := $(if $(filter all,$(WORKLOAD)),lenet resnet18,$(WORKLOAD))
 ceiling:
 	@$(MAKE) --no-print-directory setup $(if $(FRAMEWORK),FRAMEWORK=$(FRAMEWORK))
 	@$(READY); for f in $(SELECTED); do \
@@ -279,10 +303,12 @@ info: $(VENV)/base/.stamp
 	done
 
 clean:
-	rm -rf $(REPORTS) .pytest_cache .ruff_cache $(TEST_CACHE)
+	rm -rf "$$REPORTS" .pytest_cache .ruff_cache "$(TEST_CACHE)"
 
 # What a user gives reaches the commands as environment, never as shell text: `make cluster
 # LINKS='1gbit;echo x'` passes the word `1gbit;echo` on (refused there) and runs nothing.
-# Lists (RESULTS, NODES, LINKS, ARGS) are split into words where they are used.
+# Lists (RESULTS, NODES, LINKS, RANKS, ARGS) are split into words where they are used. What make
+# writes into a recipe itself (FRAMEWORK, WORKLOAD, VENV, PYTHON, ...) is checked at the top.
 # (After every default above: an `export` of an undefined variable defines it, empty.)
-export GPUS PLATFORM RESULTS REPORTS PRESET STRATEGY ARGS NODES LINKS CLUSTER_PRESET CLUSTER_ARGS
+export GPUS PLATFORM RESULTS REPORTS PRESET STRATEGY ARGS NODES LINKS CLUSTER_PRESET CLUSTER_ARGS \
+  RANKS COLLECTIVES_PRESET
