@@ -6,7 +6,13 @@ Records of every machine are shown: a summary of the best times on each, then a 
 comparable group (preset, platform, hardware); the report lists every record it left out and why.
 """
 
+# ruff: noqa: E402 (a stop while the modules import is handled before they import)
 from __future__ import annotations
+
+from common import signals
+
+if __name__ == "__main__":
+    signals.before_imports()
 
 import argparse
 import sys
@@ -14,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from common import config, devices, signals
+from common import config, devices
 from compare import collectives, records, render, resnet50, scaling_report, summary, tables
 from compare.checks import WORKLOADS
 from compare.records import Entry, LeftOut, Machine
