@@ -174,6 +174,7 @@ def _finite(value):
 def check_writable(path) -> None:
     """Refuse, before any training, a results path that could not be appended to."""
     path = Path(path)
+    _check_reachable(path)
     if path.is_symlink():  # appending follows the link and makes no folder on the way
         target = Path(os.path.realpath(path))
         if not target.parent.is_dir():
@@ -194,6 +195,21 @@ def check_writable(path) -> None:
         problem = f"cannot be created: {parent} is not writable"
     if problem:
         raise ResultsError(f"results file {path} {problem}; choose another --results (RESULTS=)")
+
+
+def _check_reachable(path: Path) -> None:
+    """Refuse a path that cannot be followed: a loop of symbolic links (the path's own, or a
+    folder's on the way to it), which the checks below would take for a file yet to be made
+    and the append after the run would fail on; a folder this user may not enter."""
+    try:
+        os.stat(path)
+    except OSError as e:
+        if e.errno in (errno.ENOENT, errno.ENOTDIR):
+            return  # a file yet to be made, or a file where a folder should be: said below
+        why = "a loop of symbolic links is on its way" if e.errno == errno.ELOOP else e.strerror
+        raise ResultsError(
+            f"results file {path} cannot be reached ({why}); choose another --results (RESULTS=)"
+        ) from None
 
 
 # Lines of a results file that are not training records (a file may hold both).
