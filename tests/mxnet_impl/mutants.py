@@ -9,6 +9,7 @@ from tests.numerics_mutants import Mutant
 R18 = "tests/mxnet_impl/test_resnet18.py::"
 LENET = "tests/mxnet_impl/test_lenet.py::"
 R50 = "tests/mxnet_impl/test_resnet50.py::"
+BN = "tests/mxnet_impl/test_batchnorm.py::"
 
 MUTANTS = [
     Mutant(
@@ -135,5 +136,29 @@ MUTANTS = [
         '        "stem": [model.conv1, model.bn1, model.relu, model.maxpool],',
         '        "stem": [model.conv1, model.bn1, model.maxpool],',
         "the stage split leaves out the stem's ReLU",
+    ),
+    Mutant(
+        "mxnet-bn-context-0-statistics",
+        "mxnet",
+        BN + "test_two_contexts_step_as_a_ghost_batch",
+        "mxnet_impl/resnet18.py",
+        "    trainer.step(batch_size)\n    return [loss.sum() for loss in losses]",
+        "    trainer.step(batch_size)\n"
+        '    for p in net.collect_params(".*running_(mean|var)").values():\n'
+        "        p.set_data(p.data(xs[0].context))\n"
+        "    return [loss.sum() for loss in losses]",
+        "after each step every context's running statistics taken from context 0 (DDP's buffer "
+        "broadcast), where each context keeps its own",
+    ),
+    Mutant(
+        "mxnet-bn-evaluate-on-context-0",
+        "mxnet",
+        BN + "test_each_context_evaluates_its_share_on_its_own_statistics",
+        "mxnet_impl/resnet18.py",
+        "    xs, ys = (split_and_load(a.take(rows), devices, even_split=False) for a in (x, y))\n"
+        "    return mdev.add_up([evaluate(net, *xy) for xy in zip(xs, ys, strict=True)])",
+        "    return evaluate(net, x.take(rows), y.take(rows))",
+        "the whole test batch evaluated on the first context (d2l's one-device "
+        "evaluate_accuracy_gpu): context 0's statistics for every row",
     ),
 ]
