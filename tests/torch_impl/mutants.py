@@ -1,5 +1,8 @@
-"""Planted bugs for torch's numerics tests (run by tests/numerics_mutants.py)."""
+"""Planted bugs for torch's numerics tests (run by tests/numerics_mutants.py). Those of the GPU
+tier's tests (GPU_MUTANTS) run where a CUDA GPU is visible: elsewhere their test is skipped, and a
+skipped test would count as a bug not caught."""
 
+from common import devices
 from tests.numerics_mutants import Mutant
 
 MUTANTS = [
@@ -189,3 +192,19 @@ MUTANTS = [
         "the first stage's stem without its ReLU (the tutorial's seq1 written out by hand)",
     ),
 ]
+
+GPU_MUTANTS = [
+    Mutant(
+        "torch-sync-bn-ddp-unwrapped",
+        "torch",
+        "tests/torch_impl/test_sync_bn.py::"
+        "test_sync_bn_two_ranks_equal_one_process_on_the_whole_batch",
+        "torch_impl/resnet18.py",
+        "        wrapped = nn.parallel.DistributedDataParallel(net, device_ids=ids)\n",
+        "        wrapped = net\n",
+        "SyncBatchNorm taken for the whole synchronisation, the model not wrapped in DDP: the "
+        "statistics are the whole batch's, the gradients each rank's own half's, never averaged",
+    ),
+]
+if devices.count_accelerators() > 0:
+    MUTANTS += GPU_MUTANTS
