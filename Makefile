@@ -253,12 +253,12 @@ readme-tables: $(VENV)/base/.stamp
 
 # The documentation site (mkdocs.yml): the lessons, their code read from the source by name and
 # their results from the records (tools/docs_hook.py), and the project's pages, into build/site,
-# offline; then the README's picture of the ResNet-18 lesson (tools/docs_screenshot.py; a test
-# fails when it is older than the page: tests/common/test_lessons.py).
+# offline, with a picture of the ResNet-18 lesson's first screen beside its page; a broken page
+# fails it in one line, and build/site changes only once the whole new site is there
+# (tools/docs_build.py).
 .PHONY: docs
 docs: $(VENV)/base/.stamp
-	NO_MKDOCS_2_WARNING=1 $(VENV)/base/bin/mkdocs build --strict --quiet
-	$(VENV)/base/bin/python -m tools.docs_screenshot
+	$(VENV)/base/bin/python -m tools.docs_build
 
 # A cluster in one box (cluster/train.py): a network namespace per node on a link of its own
 # (LINKS: unlimited, 10gbit, 1gbit, 100mbit, ...), each node on its own cores running its

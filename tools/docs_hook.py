@@ -5,16 +5,24 @@ site is built. A line of a page, indented as the block it sits in, is replaced:
     --8<-- "jax_impl/lenet.py:_split,split_batch"   several names; `Class.method`
     --8<-- "results/cpu-xeon-avx512-2core.jsonl:resnet18[:ddp,...]"   its runs on 1 against 2
                                                devices, a core per device, as a table
-    --8<-- "CONTRIBUTING.md"                   a Markdown file of the repository, whole
+    --8<-- "docs/some-file.md"                 a Markdown file of the repository, whole
 
-A file or name that is not there is a warning: `mkdocs build --strict` (make docs) fails. Each
-link, written relative to its own file, is pointed at the site's page or file for its target,
-else at the file in the checkout the site is built in (build/site).
+A table draws its records by the report's rule (compare/records.py): every record checked as
+the report checks it, clean commits only (a `-dirty` one names no code anyone can check out),
+the newest record of each cell, options in the run's label (`ddp+sync-bn`), and each run's
+median time. What a record carries is text, escaped as the report escapes it: no tag, link or
+entity of a record reaches the page.
+
+A file or name that is not there, a bad records line or a record the report would leave out is
+an error, named by its file (and line): the build fails (mkdocs.yml is strict, and an error is
+counted even under --quiet). Each link, written relative to its own file, is pointed at the
+site's page or file for its target, else at the file in the checkout the site is built in.
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import logging
 import os
 import re
@@ -22,9 +30,12 @@ import textwrap
 from pathlib import Path
 
 from common import results
+from compare import checks, records
+from compare.readme import dirty
+from compare.records import Entry
+from compare.render import escape
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = {"CONTRIBUTING.md": "contributing.md"}  # files outside docs/ that are pages of the site
 DIRECTIVE = re.compile(r'^(?P<indent>[ \t]*)--8<-- "(?P<path>[^":]+)(?::(?P<names>[^"]+))?"$', re.M)
 LINE = re.compile(r'<span id="__span-[\d-]+"(?=>( *))')  # a code line (pymdownx.highlight)
 LINK = re.compile(r"(?<!!)\[(?P<text>[^\]]*)\]\((?P<target>[^)\s:#]+)(?P<anchor>#[^)\s]*)?\)")
@@ -54,16 +65,34 @@ def _expand(match, page, config) -> str:
         elif path.endswith(".jsonl"):
             text = _scaling_table(path, *names.split(":"))
         else:
-            text = _relink((ROOT / path).read_text(), path, page, config)
+            text = _relink(_read(path), path, page, config)
     except (OSError, SyntaxError, LookupError, results.ResultsError) as e:
-        log.warning("%s: %s", page.file.src_uri, e)
-        text = f'!!! failure "Not found"\n    {e}'
+        # An error, not a warning: --quiet drops warnings before --strict counts them.
+        page_path = os.path.relpath(Path(config.docs_dir, page.file.src_uri), ROOT)
+        reason = _reason(path, e)
+        log.error("%s: %s; fix the page's --8<-- line or what it names", page_path, reason)
+        text = f'!!! failure "Not found"\n    {_text(reason)}'
     return textwrap.indent(text, match["indent"], lambda line: line.strip())
+
+
+def _reason(path: str, e: Exception) -> str:
+    if isinstance(e, OSError):
+        return f"cannot read {path} ({e.strerror or e})"
+    if isinstance(e, SyntaxError):
+        return f"{path}:{e.lineno}: {e.msg}"
+    return str(e)
+
+
+def _read(path: str) -> str:
+    try:
+        return (ROOT / path).read_text()
+    except UnicodeDecodeError:
+        raise LookupError(f"{path} is not UTF-8 text") from None
 
 
 def _code(path: str, names: list[str]) -> str:
     """The named definitions of `path` as one fenced block, titled with the file."""
-    text = (ROOT / path).read_text()
+    text = _read(path)
     tree, lines = ast.parse(text), text.splitlines()
     parts = [_source(lines, _find(tree, name, path)) for name in names]
     return "\n".join([f'```python title="{path}"', "\n\n".join(parts), "```"])
@@ -89,56 +118,122 @@ def _source(lines: list[str], node) -> str:
 
 def _scaling_table(path: str, workload: str, strategies: str = "") -> str:
     """Each 2-device run of `workload` (of `strategies`, where given) with a core per device,
-    beside the 1-device run on one core (same strategy, else `single`): accuracy, time, speedup."""
-    runs = [r for r in results.load(ROOT / path) if _paired(r, workload)]
-    one = {(r.framework, r.strategy): r for r in runs if r.devices == 1}
-    chosen = strategies.split(",") if strategies else [r.strategy for r in runs]
-    twos = [r for r in runs if r.devices == 2 and r.strategy in chosen]
-    bases = [one.get((r.framework, r.strategy), one.get((r.framework, "single"))) for r in twos]
-    rows = [_row(base, two) for base, two in zip(bases, twos, strict=True) if base]
-    if not rows:
+    beside the 1-device run of its strategy (else `single`) on as many cores: accuracy, the
+    median time, speedup."""
+    pairs = _pairs(_drawn(path, workload), workload, strategies.split(",") if strategies else [])
+    if not pairs:
         raise LookupError(f"{path} has no {workload} runs on 1 and 2 devices, a core each")
-    unit = "s per repeat" if runs[0].sec_per_epoch is None else "s/epoch"
+    shown = [e for pair in pairs for e in pair]
+    unit = "s per repeat" if workload == "resnet50" else "s/epoch"
     head = ["run", "cores per device", "test accuracy, 1 / 2 devices", f"1 device, {unit}"]
     head += [f"2 devices, {unit}", "speedup", "the 2 devices in"]
-    if all(r.test_acc is None for r in runs):  # resnet50 measures time alone
+    rows = [_row(base, two) for base, two in pairs]
+    if all(e.rec.test_acc is None for e in shown):  # resnet50 measures time alone
         head, rows = head[:2] + head[3:], [row[:2] + row[3:] for row in rows]
     table = [head, ["---"] * len(head), *rows]
     lines = ["| " + " | ".join(map(str, cells)) + " |" for cells in table]
-    lines += ["", _provenance(path, runs)]
+    lines += ["", _provenance(path, shown)]
     return "\n".join(['<div class="results" markdown>', "", *lines, "", "</div>"])
 
 
-def _paired(r: results.Record, workload: str) -> bool:
-    """A plain run of `workload` (float32, eager, not a sweep's) with a core per device."""
-    x = r.extra
-    plain = x.get("amp") in (None, "off") and not x.get("compiled") and "sweep" not in x
-    return r.workload == workload and bool(x.get("cores_per_device")) and plain
+def _drawn(path: str, workload: str) -> list[Entry]:
+    """The runs of `workload` in `path` that a table may draw: of clean commits, the newest of
+    each cell, not a cluster's, all of one machine group (compare/records.py's rule)."""
+    kept, _ = records.newest([e for e in _entries(path) if not dirty(e.rec.git_commit)])
+    groups = [g for m in records.machines(kept)[0] if (g := m.workload(workload))]
+    if len(groups) > 1:
+        raise LookupError(
+            f"{path} holds {workload} runs of {len(groups)} machine groups (preset, platform, "
+            "hardware): a table draws one; keep each group's records in a file of its own"
+        )
+    return groups[0] if groups else []
 
 
-def _row(base: results.Record, two: results.Record) -> list:
-    def seconds(r):
-        time = (r.sec_per_epoch or r.seconds)["median"]
-        return time, (f"{time:.0f}" if time >= 100 else f"{time:.3g}") + "\\*" * r.extrapolated
+def _entries(path: str) -> list[Entry]:
+    """Every record of `path`, checked as the report checks it; a bad line, or a record the
+    report would leave out (a field of the wrong type, say), is a ResultsError naming the line."""
+    file = ROOT / path
+    try:
+        recs = results.load(file)
+    except results.ResultsError as e:
+        raise results.ResultsError(str(e).replace(str(file), path, 1)) from None
+    lines = _record_lines(file)
+    entries = [Entry(rec, path, i) for i, rec in enumerate(recs)]
+    for e in entries:
+        if why := checks.problem(e.rec):
+            raise results.ResultsError(f"{path}:{lines[e.order]}: {why}")
+    return entries
 
-    (t1, s1), (t2, s2) = seconds(base), seconds(two)
-    acc = "–" if two.test_acc is None else f"{base.test_acc:.3f} / {two.test_acc:.3f}"
-    run = f"{two.framework} {two.strategy}" + (f", split {two.split_size}" * bool(two.split_size))
-    ran = RAN.get(two.extra.get("execution"), two.extra.get("execution"))
-    return [run, two.extra["cores_per_device"], acc, s1, s2, f"{t1 / t2:.2f}x", ran]
+
+def _record_lines(file: Path) -> list[int]:
+    """The line of each record results.load read from `file`, in its order (it skips blank
+    lines and other kinds of record; every line is a JSON object once it has read them)."""
+    with file.open("rb") as f:
+        lines = [(n, raw) for n, raw in enumerate(f, start=1) if raw.strip()]
+    return [n for n, raw in lines if json.loads(raw).get("workload") not in results.OTHER_KINDS]
 
 
-def _provenance(path: str, runs: list[results.Record]) -> str:
-    """Where the numbers come from: the file, the machine, the versions, the commit."""
-    first, hw = runs[0], runs[0].hardware
-    batches = first.extra.get("num_batches")
+def _pairs(runs: list[Entry], workload: str, strategies: list[str]) -> list[tuple[Entry, Entry]]:
+    """(1 device, 2 devices) of each plain run (float32, eager, not a sweep's) with a core per
+    device, in the report's row order."""
+    plain = [e for e in runs if not e.tier and not e.sweep and e.cores_per_device]
+    one = {
+        (e.rec.framework, e.rec.strategy, e.cores_per_device): e
+        for e in plain
+        if e.rec.devices == 1
+    }
+    twos = [
+        e
+        for e in plain
+        if e.rec.devices == 2 and e.rec.strategy in (strategies or [e.rec.strategy])
+    ]
+    twos.sort(key=lambda e: records.rank(workload, e.rec.framework, e.label))
+    pairs = []
+    for two in twos:
+        framework, cores = two.rec.framework, two.cores_per_device
+        base = one.get((framework, two.rec.strategy, cores)) or one.get(
+            (framework, "single", cores)
+        )
+        if base:
+            pairs.append((base, two))
+    return pairs
+
+
+def _row(base: Entry, two: Entry) -> list:
+    def seconds(e: Entry) -> str:
+        time = e.median
+        return (f"{time:.0f}" if time >= 100 else f"{time:.3g}") + "\\*" * e.rec.extrapolated
+
+    accs = (base.rec.test_acc, two.rec.test_acc)
+    acc = "–" if None in accs else f"{accs[0]:.3f} / {accs[1]:.3f}"
+    split = f", split {two.rec.split_size}" if two.rec.split_size else ""
+    run = _text(f"{two.rec.framework} {two.label}{split}")
+    ran = _text(RAN.get(two.execution, two.execution))
+    speedup = f"{base.median / two.median:.2f}x"
+    return [run, two.cores_per_device, acc, seconds(base), seconds(two), speedup, ran]
+
+
+def _provenance(path: str, shown: list[Entry]) -> str:
+    """Where the numbers come from: the file, the machine, the versions, the commits."""
+    first, hw = shown[0].rec, shown[0].rec.hardware
+    batches = shown[0].extra.get("num_batches")
     size = f"{first.epochs} epochs" if first.sec_per_epoch else f"{batches} batches a repeat"
-    versions = {r.framework: r.versions.get(r.framework) for r in runs}
-    versions = ", ".join(f"{f} {v}" for f, v in versions.items())
-    line = f"`{path}`: {hw.get('cpu')} ({hw.get('cpu_isa')}), {hw.get('cpu_count')} cores, "
-    line += f"preset {first.preset}, {size}; {versions}; commit {first.git_commit}."
-    steps = {r.steps_timed for r in runs if r.extrapolated}
+    versions = dict.fromkeys(
+        f"{e.rec.framework} {e.rec.versions.get(e.rec.framework)}" for e in shown
+    )
+    commits = dict.fromkeys(results.short_commit(e.rec.git_commit) for e in shown)
+    machine = f"{hw.get('cpu')} ({hw.get('cpu_isa')}), {hw.get('cpu_count')} cores"
+    line = f"`{path}`: " + _text(
+        f"{machine}, preset {first.preset}, {size}; {', '.join(versions)}; "
+        f"commit {', '.join(commits)}; each run's median time."
+    )
+    steps = {e.rec.steps_timed for e in shown if e.rec.extrapolated}
     return line + (f" \\* projected from {min(steps)} timed steps an epoch." if steps else "")
+
+
+def _text(value) -> str:
+    """A record's text as a table cell shows it, literally (as the report escapes it)."""
+    return escape(str(value)).replace("|", "\\|")
 
 
 def _relink(markdown: str, origin, page, config) -> str:
@@ -149,11 +244,9 @@ def _relink(markdown: str, origin, page, config) -> str:
 
     def point(match):
         target = (ROOT / origin).parent / match["target"]
-        repo = os.path.relpath(target, ROOT)
-        site = docs / PAGES[repo] if repo in PAGES else target
         anchor = match["anchor"] or ""
-        if site.resolve().is_relative_to(docs.resolve()):
-            return f"[{match['text']}]({os.path.relpath(site, page_dir)}{anchor})"
+        if target.resolve().is_relative_to(docs.resolve()):
+            return f"[{match['text']}]({os.path.relpath(target, page_dir)}{anchor})"
         out = Path(config.site_dir) / page.file.dest_uri
         return f'<a href="{os.path.relpath(target, out.parent)}{anchor}">{match["text"]}</a>'
 

@@ -1,7 +1,7 @@
 """The documentation site (mkdocs.yml, `make docs`): it builds with --strict, each lesson shows
 every definition it names from the source, a name the source lacks fails the build, and the
-README's picture of the ResNet-18 lesson is of the page as it builds now. (The pages in a
-browser: test_lessons_browser.py.)"""
+maintainers' notes stay in the repository. (The pages in a browser: test_lessons_browser.py;
+broken pages, records and the build's safety: test_docs_build.py.)"""
 
 import html
 import logging
@@ -16,9 +16,9 @@ from mkdocs.commands.build import build  # noqa: E402
 from mkdocs.config import load_config  # noqa: E402
 from mkdocs.exceptions import Abort  # noqa: E402
 
-from tools import docs_hook, docs_screenshot  # noqa: E402
+from tools import docs_hook  # noqa: E402
 
-ROOT = docs_screenshot.ROOT
+ROOT = docs_hook.ROOT
 LESSONS = ("lenet", "resnet18", "resnet50")
 
 
@@ -43,8 +43,15 @@ def text(page: Path) -> str:
 def test_the_site_builds_with_every_page(site):
     for page in ("index", "usage", "design", "results", "contributing"):
         assert (site / f"{page}.html").is_file(), page
-    assert "## Before you push" not in text(site / "contributing.html")  # Markdown, rendered
-    assert "Before you push" in text(site / "contributing.html")
+
+
+def test_the_maintainers_notes_stay_in_the_repository(site):
+    """The site's contributing page points at CONTRIBUTING.md, whose notes are for maintainers;
+    and they name no day and no session's allowance, which only age."""
+    page = site / "contributing.html"
+    assert "CONTRIBUTING.md" in text(page) and "Before you push" not in text(page)
+    notes = (ROOT / "CONTRIBUTING.md").read_text()
+    assert not re.search(r"\b20\d\d-\d\d(-\d\d)?\b|budget|device time", notes)
 
 
 @pytest.mark.parametrize("workload", LESSONS)
@@ -80,10 +87,3 @@ def test_a_name_the_project_lacks_fails_the_build(line, tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="mkdocs"), pytest.raises(Abort):
         build_site(tmp_path / "bad", **only)
     assert any(r.name == docs_hook.log.name for r in caplog.records), caplog.text
-
-
-def test_the_readme_picture_is_of_the_page_as_it_builds(site):
-    assert docs_screenshot.PICTURE.is_file()
-    assert docs_screenshot.page_hash(site) == docs_screenshot.recorded_hash(), (
-        "the ResNet-18 lesson changed since docs/lessons/resnet18.png was taken: make docs"
-    )

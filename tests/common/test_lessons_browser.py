@@ -134,11 +134,11 @@ def measure(site, workload: str, plant: str = "") -> dict:
     page = (site / "lessons" / f"{workload}.html").read_text()
     page = page.replace("<head>", "<head>" + LISTEN, 1)
     script = f"<script>const FRAMEWORKS = {json.dumps(FRAMEWORKS)};</script>" + MEASURE
-    path = site / "lessons" / f"{workload}-check.html"
-    path.write_text(page.replace("</body>", plant + script + "</body>", 1))
+    check = f"lessons/{workload}-check.html"
+    (site / check).write_text(page.replace("</body>", plant + script + "</body>", 1))
     # The budget lets the timers of the page and of MEASURE run before the page is dumped.
     flags = ["--enable-logging=stderr", "--v=0", "--virtual-time-budget=10000", "--dump-dom"]
-    done = docs_screenshot.chromium(*flags, path.as_uri())
+    done = docs_screenshot.browse(site, check, *flags)
     assert done.returncode == 0, done.stderr[-2000:]
     found = re.search(r'<pre id="lesson-check">(.*?)</pre>', done.stdout, re.S)
     assert found, f"the page did not run its check: {done.stderr[-2000:]}"
