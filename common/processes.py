@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import ipaddress
 import os
 import re
 import shlex
@@ -329,6 +330,20 @@ def route_to(host: str, port: int) -> tuple[str, str | None]:
             "address, reachable from here"
         ) from None
     return address, interface_of(address)
+
+
+def loopback(host: str) -> str | None:
+    """The address that `host` names where it is this machine's loopback (127.0.0.1, ::1,
+    localhost), else None: nodes that meet there all run on this machine, and a run on one
+    machine listens there only."""
+    try:
+        found = socket.getaddrinfo(host.strip("[]"), None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
+        return None
+    addresses = [info[4][0] for info in found]
+    if addresses and all(ipaddress.ip_address(a).is_loopback for a in addresses):
+        return addresses[0]
+    return None
 
 
 def interface_of(address: str) -> str | None:
