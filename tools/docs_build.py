@@ -96,7 +96,7 @@ def publish(new: Path, site: Path, stage: Path) -> None:
     """`new` in `site`'s place, the previous site moved into `stage` (removed with it): two
     renames, under a lock on the folder that holds both, with stop signals held until done."""
     previous = stage / "previous"
-    with locked(site.parent):
+    with locked(site.parent, LOCK_WAIT):
         held = signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
         try:
             if site.exists() or site.is_symlink():
@@ -112,7 +112,7 @@ def publish(new: Path, site: Path, stage: Path) -> None:
 
 
 @contextlib.contextmanager
-def locked(folder: Path, wait: float = LOCK_WAIT) -> Iterator[None]:
+def locked(folder: Path, wait: float) -> Iterator[None]:
     """`folder` locked (flock) against the other builds' renames in it, for at most `wait` s."""
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:

@@ -226,8 +226,8 @@ def test_the_table_draws_clean_commits_the_newest_record_per_cell_and_medians(tm
     sync = {"framework": "jax", "strategy": "sharding", "versions": {"jax": "0.5"}}
     records = write_records(
         tmp_path / "r.jsonl",
-        record(1, 10.0),  # superseded by the newer record of its cell below
         record(1, 8.0, **later) | {"sec_per_epoch": {"median": 8.0, "mean": 20.0, "n": 3}},
+        record(1, 10.0),  # later in the file, but older: the record above is its cell's newest
         record(2, 5.0),
         record(2, 1.0, git_commit="0123456789ab-dirty", **later),  # newer, but dirty
         record(1, 6.0, **sync),
@@ -316,6 +316,22 @@ def test_two_builds_at_once_both_end_well_with_one_whole_site(tmp_path):
     assert [p.name for p in site.parent.iterdir()] == ["site"]
     assert list((tmp_path / "tmp").iterdir()) == []
     assert not any(chromium_homes(run.pid) for run in runs)
+
+
+def test_a_site_is_put_in_place_only_under_the_lock(tmp_path, monkeypatch):
+    """Another build's rename under way (the lock held): this one waits, within its bound."""
+    monkeypatch.setattr(docs_build, "LOCK_WAIT", 0.2)
+    site, new, stage = (tmp_path / "build" / name for name in ("site", "new", "stage"))
+    for folder, page in ((site, "old.html"), (new, "new.html")):
+        folder.mkdir(parents=True)
+        (folder / page).write_text(page)
+    stage.mkdir()
+    with docs_build.locked(site.parent, 1), pytest.raises(docs_build.DocsError, match="held"):
+        docs_build.publish(new, site, stage)
+    assert [p.name for p in site.iterdir()] == ["old.html"]
+    docs_build.publish(new, site, stage)
+    assert [p.name for p in site.iterdir()] == ["new.html"]
+    assert [p.name for p in (stage / "previous").iterdir()] == ["old.html"]
 
 
 def chromium_homes(pid: int) -> list[Path]:
