@@ -128,6 +128,14 @@ def plan(args) -> list[tuple[str, int, str | None]]:
     return runs
 
 
+def held_cores(args) -> list[int]:
+    """Every core the plan's runs compute on, held while the command runs, so that no other
+    cluster or all-reduce computes there meanwhile (one run at a time, as cluster.train holds
+    its own): the loopback ranks share every core this process may use, the 2 linked nodes
+    take a core each."""
+    return cores.allowed() if args.ranks else cores.allowed()[:2]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     return cluster.ended(lambda: run_all(args))
@@ -136,8 +144,7 @@ def main(argv: list[str] | None = None) -> int:
 def run_all(args) -> None:
     check(args)
     runs = plan(args)
-    linked = cores.allowed()[:2] if args.links else []  # a cluster's cores: one run at a time
-    with cores.held(linked, "collectives"), signals.as_interrupt():
+    with cores.held(held_cores(args), "collectives"), signals.as_interrupt():
         for i, (fw, nodes, rate) in enumerate(runs, start=1):
             print(f"[{i}/{len(runs)}] {fw} all-reduce, {nodes} nodes, {rate or 'loopback'}")
             if rate is None:
