@@ -54,7 +54,9 @@ def browse(
         raise FileNotFoundError("chromium")
     user = _user()
     # A user without rights reaches /tmp, not always the folders above $TMPDIR.
-    home = Path(tempfile.mkdtemp(prefix=f"{HOME}{os.getpid()}-", dir="/tmp" if user else None))
+    where = Path("/tmp" if user else tempfile.gettempdir())
+    _remove_stale(where)
+    home = Path(tempfile.mkdtemp(prefix=f"{HOME}{os.getpid()}-", dir=where))
     try:
         shutil.copytree(site, home / "site", symlinks=True)
         if user:
@@ -73,6 +75,14 @@ def browse(
         return done
     finally:
         shutil.rmtree(home, ignore_errors=True)
+
+
+def _remove_stale(where: Path) -> None:
+    """The folders of builds killed outright (SIGKILL), once their process is gone."""
+    for old in where.glob(f"{HOME}*"):
+        pid = old.name.removeprefix(HOME).split("-")[0]
+        if pid.isdigit() and not processes.alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def _user() -> tuple[int, int] | None:

@@ -285,6 +285,20 @@ def test_chromium_runs_without_rights_in_its_sandbox_else_without_it(tmp_path, f
     assert all(set(docs_screenshot.OFFLINE) <= set(args) for args in calls), calls
 
 
+def test_the_folder_of_a_picture_killed_outright_goes_with_the_next(tmp_path, fake_chromium):
+    gone = subprocess.Popen(["true"])  # its pid, once it has ended, is no process's
+    gone.wait()
+    where = Path("/tmp" if os.geteuid() == 0 else tempfile.gettempdir())
+    stale = where / f"{docs_screenshot.HOME}{gone.pid}-planted"
+    stale.mkdir()
+    (tmp_path / "site").mkdir()
+    try:
+        docs_screenshot.browse(tmp_path / "site", "page.html")
+        assert not stale.exists()
+    finally:
+        shutil.rmtree(stale, ignore_errors=True)
+
+
 def wait_for(check, what: str, bound: float = 120) -> None:
     deadline = time.monotonic() + bound
     while not check():
