@@ -176,27 +176,17 @@ def _record_lines(file: Path) -> list[int]:
 def _pairs(runs: list[Entry], workload: str, strategies: list[str]) -> list[tuple[Entry, Entry]]:
     """(1 device, 2 devices) of each plain run (float32, eager, not a sweep's) with a core per
     device, in the report's row order."""
+
+    def key(e: Entry, strategy: str) -> tuple:
+        return e.rec.framework, strategy, e.cores_per_device
+
     plain = [e for e in runs if not e.tier and not e.sweep and e.cores_per_device]
-    one = {
-        (e.rec.framework, e.rec.strategy, e.cores_per_device): e
-        for e in plain
-        if e.rec.devices == 1
-    }
-    twos = [
-        e
-        for e in plain
-        if e.rec.devices == 2 and e.rec.strategy in (strategies or [e.rec.strategy])
-    ]
+    one = {key(e, e.rec.strategy): e for e in plain if e.rec.devices == 1}
+    chosen = strategies or {e.rec.strategy for e in plain}
+    twos = [e for e in plain if e.rec.devices == 2 and e.rec.strategy in chosen]
     twos.sort(key=lambda e: records.rank(workload, e.rec.framework, e.label))
-    pairs = []
-    for two in twos:
-        framework, cores = two.rec.framework, two.cores_per_device
-        base = one.get((framework, two.rec.strategy, cores)) or one.get(
-            (framework, "single", cores)
-        )
-        if base:
-            pairs.append((base, two))
-    return pairs
+    bases = [one.get(key(two, two.rec.strategy)) or one.get(key(two, "single")) for two in twos]
+    return [(base, two) for base, two in zip(bases, twos, strict=True) if base]
 
 
 def _row(base: Entry, two: Entry) -> list:
