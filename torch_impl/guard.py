@@ -68,13 +68,9 @@ def run_torchrun(cmd: list[str], nproc: int, what: str, nodes: Nodes | None, env
     with contextlib.ExitStack() as stack:
         if nodes:
             nodes.check()
-            # Every node on this machine's loopback: node 0's launcher hosts the rendezvous there.
-            here = processes.loopback(nodes.host_port[0])
-            if here:
-                hosted = nodes.host_port[1] if nodes.rank == 0 else None
-                stack.enter_context(_loopback_store(env, here, hosted))
-            hosts = nodes.rank == 0 and not here
-            cmd[at:at] = _node_options(nodes, nodes.local(env), hosts)
+            if here := processes.loopback(nodes.host_port[0]):  # every node on this machine
+                stack.enter_context(_loopback(env, here, nodes.host_port[1], nodes.rank == 0))
+            cmd[at:at] = _node_options(nodes, nodes.local(env), nodes.rank == 0 and not here)
             env[watchdog.PEER_TIMEOUT_ENV] = str(nodes.peer_timeout)
         else:
             cmd[at:at] = stack.enter_context(_loopback(env))
@@ -97,10 +93,9 @@ def run_torchrun(cmd: list[str], nproc: int, what: str, nodes: Nodes | None, env
 
 
 def _node_options(nodes: Nodes, address: str, hosts: bool) -> list[str]:
-    """torchrun's settings as one node of several: whether it hosts the store (`hosts`: node 0,
-    where its launcher does not; c10d numbers the nodes itself and ignores --node-rank),
-    torch's timeouts after the launcher's (its line, not a torch traceback, is the one a user
-    reads), and this node's own address (`local`)."""
+    """torchrun's settings as one node of several: whether it hosts the store (c10d numbers
+    the nodes itself and ignores --node-rank), torch's timeouts after the launcher's (its line,
+    not a torch traceback, is the one a user reads), and this node's own address (`local`)."""
     limit = nodes.timeout + TORCH_MARGIN_S
     host = "true" if hosts else "false"
     conf = f"--rdzv-conf=is_host={host},join_timeout={limit},read_timeout={limit}"
@@ -108,10 +103,21 @@ def _node_options(nodes: Nodes, address: str, hosts: bool) -> list[str]:
 
 
 @contextlib.contextmanager
-def _loopback(env: dict):
-    """One machine's rendezvous on 127.0.0.1 only: a store this launcher hosts on a socket it
-    bound there; torchrun joins it as a client (its options, yielded)."""
-    with _loopback_store(env, "127.0.0.1", 0) as port:
+def _loopback(env: dict, address: str = "127.0.0.1", port: int = 0, hosts: bool = True):
+    """The rendezvous on loopback only: a store this launcher `hosts` at `address`:`port` (0: any
+    free port), which torchrun joins as a client (one machine's options, yielded)."""
+    import torch.distributed as dist
+
+    store = None
+    if hosts:  # the store owns the socket from here (and closes it when it goes)
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        sock = socket.create_server((address, port), family=family, backlog=128)
+        port = sock.getsockname()[1]
+        store = dist.TCPStore(address, port, is_master=True, master_listen_fd=sock.detach())
+    env.update({LOOPBACK_ENV: "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    env.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    try:
         yield [
             "--nnodes=1",
             "--rdzv-backend=c10d",
@@ -121,30 +127,6 @@ def _loopback(env: dict):
             "--local-addr=127.0.0.1",
             "--monitor-interval=0.5",
         ]
-
-
-@contextlib.contextmanager
-def _loopback_store(env: dict, address: str, port: int | None):
-    """Every socket of a run on this machine on loopback: the rendezvous store, which this
-    launcher hosts on a socket it bound to `address` at `port` (0: any free one; None: another
-    node's launcher hosts it) and whose port it yields; the workers' store, which rank 0 hosts
-    the same way (LOOPBACK_ENV, group_options); gloo and NCCL on the loopback interface."""
-    import torch.distributed as dist
-
-    store = None
-    if port is not None:
-        sock = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's own store
-        sock.bind((address, port))
-        sock.listen(128)
-        port = sock.getsockname()[1]
-        # The store owns the socket from here (and closes it when it goes).
-        store = dist.TCPStore(address, port, is_master=True, master_listen_fd=sock.detach())
-    env.update({LOOPBACK_ENV: "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
-    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    env.setdefault("NCCL_SOCKET_IFNAME", "lo")
-    try:
-        yield port
     finally:
         del store
 
