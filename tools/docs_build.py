@@ -30,6 +30,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from mkdocs.commands.build import build as mkdocs_build
+from mkdocs.config import load_config
+from mkdocs.exceptions import Abort, ConfigurationError
+
 from common import processes
 from tools import docs_screenshot
 
@@ -56,11 +60,6 @@ class Problems(logging.Handler):
 
 def build(config_file: Path, site: Path) -> list[str]:
     """The site of `config_file` built --strict into `site`; the problems that failed it."""
-    os.environ.setdefault("NO_MKDOCS_2_WARNING", "1")  # material's notice of a future mkdocs
-    from mkdocs.commands.build import build as mkdocs_build
-    from mkdocs.config import load_config
-    from mkdocs.exceptions import Abort, ConfigurationError
-
     problems, logger = Problems(), logging.getLogger("mkdocs")
     logger.addHandler(problems)
     propagate, logger.propagate = logger.propagate, False
