@@ -2,7 +2,6 @@
 record, how a GPU trains (its layout and the compile mode of --compile) and --profile's tracer."""
 
 import logging
-import sys
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -11,6 +10,10 @@ import torch
 import torch.distributed as dist
 
 from common import devices, utilization
+from torch_impl import guard
+
+CUDA_GRAPHS = "reduce-overhead"  # torch.compile's mode that captures CUDA graphs
+_modes: set[str] = set()  # the compile modes of this process's compiled models and functions
 
 
 def get_devices(plan: devices.DevicePlan) -> list[torch.device]:
@@ -87,14 +90,14 @@ def compile_mode(device: torch.device, n_devices: int = 1) -> str:
     Several devices keep "default": DDP's all-reduce hooks fire between the pieces of the
     backward, outside any graph, and lenet's devices take turns in one process, each with graphs
     of its own; neither combination is measured here. A CPU has no CUDA graphs."""
-    return "reduce-overhead" if device.type == "cuda" and n_devices == 1 else "default"
+    return CUDA_GRAPHS if device.type == "cuda" and n_devices == 1 else "default"
 
 
 def _warmup_calls(mode: str) -> int:
     """Calls per batch shape before a compiled step runs as it will when timed: CUDA graph trees
     run a new graph eagerly on its first call and record it on its second, so graphs need a third
     to replay; otherwise the first call compiles."""
-    return 3 if mode == "reduce-overhead" else 1
+    return 3 if mode == CUDA_GRAPHS else 1
 
 
 def compile_model(net: torch.nn.Module, device: torch.device, n_devices: int = 1) -> int:
@@ -105,6 +108,7 @@ def compile_model(net: torch.nn.Module, device: torch.device, n_devices: int = 1
     either way)."""
     mode = compile_mode(device, n_devices)
     _quiet_cuda_home(device)
+    _modes.add(mode)
     net.compile(mode=mode, dynamic=False)
     return _warmup_calls(mode)
 
@@ -115,6 +119,7 @@ def compile_function(fn, device: torch.device, n_devices: int = 1):
     (updated in place between calls, never baked in as constants)."""
     mode = compile_mode(device, n_devices)
     _quiet_cuda_home(device)
+    _modes.add(mode)
     return torch.compile(fn, mode=mode, dynamic=False), _warmup_calls(mode)
 
 
@@ -132,9 +137,9 @@ def _not_cuda_home(record: logging.LogRecord) -> bool:
 
 def new_step() -> None:
     """A training step begins: CUDA graphs (--compile on one GPU) may reuse the last step's
-    output memory from here. Only where TorchInductor has built CUDA graphs: torch.compiler's
+    output memory from here. Only where this process compiles for CUDA graphs: torch.compiler's
     call imports TorchInductor (seconds) in an eager process just to find none."""
-    if "torch._inductor.cudagraph_trees" in sys.modules:
+    if CUDA_GRAPHS in _modes:
         torch.compiler.cudagraph_mark_step_begin()
 
 
@@ -143,12 +148,7 @@ def compile_fields(compiled: bool, device: torch.device, n_devices: int = 1) -> 
     of CUDA graphs in this process (torch logs each reason; 0 where the mode's graphs all run)."""
     if not compiled:
         return {"compile_mode": None}
-    from torch._dynamo.utils import counters  # torch.compile's tallies: loaded for --compile only
-
-    return {
-        "compile_mode": compile_mode(device, n_devices),
-        "cudagraph_skips": counters["inductor"]["cudagraph_skips"],
-    }
+    return {"compile_mode": compile_mode(device, n_devices), "cudagraph_skips": guard.graph_skips()}
 
 
 @contextmanager

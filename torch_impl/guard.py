@@ -386,5 +386,13 @@ def _stop_quietly() -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
+def graph_skips() -> int:
+    """How many graphs torch.compile left out of CUDA graphs in this process (torch logs each
+    reason too): TorchInductor tallies them only in torch._dynamo's private counters."""
+    from torch._dynamo.utils import counters  # loaded for --compile only
+
+    return counters["inductor"]["cudagraph_skips"]
+
+
 if __name__ == "__main__":
     sys.exit(main())

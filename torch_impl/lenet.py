@@ -83,11 +83,9 @@ def train_batch(X, y, device_params, devices, lr, model=lenet):
         for name in device_params[0]:
             allreduce([params[name].grad for params in device_params])
         for params in device_params:  # every device: the same update with the full batch size
-            ps = list(params.values())
-            # torch.optim.SGD's private multi-tensor op: one dispatch for all, not one per tensor
-            torch._foreach_add_(ps, [p.grad for p in ps], alpha=-lr / X.shape[0])
-            for p in ps:  # the next backward writes fresh gradients: no zeroing, nor
-                p.grad = None  # the add into zeros that accumulating into them would cost
+            for p in params.values():  # d2l's sgd: p -= lr / batch size * grad, as one op
+                p.add_(p.grad, alpha=-lr / X.shape[0])
+                p.grad = None  # the next backward writes fresh gradients: no zeroing
     return sum(l.detach().to(devices[0]) for l in ls)
 
 
