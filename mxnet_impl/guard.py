@@ -128,3 +128,19 @@ def _leave(kv) -> None:
 
     handle, kv.handle = kv.handle, None  # MXKVStoreFree(NULL) frees nothing
     check_call(_LIB.MXKVStoreFree(handle))
+
+
+# --- Gluon's private parts, which the lesson files reach through these --------------------------
+
+
+def structural_params(net) -> dict:
+    """{`layer1.0.bn1.gamma`: Parameter}: the structural names Gluon's own save_parameters
+    writes (the attributes' names, torch's). Gluon 1.x gives them only through a private helper:
+    its public collect_params names each parameter by prefix (`hybridsequential0_conv0_weight`)."""
+    return net._collect_params_with_prefix()
+
+
+def use_global_stats(batch_norm, on: bool) -> None:
+    """Switch a built Gluon BatchNorm to its running statistics (`on`) or back: Gluon 1.x keeps
+    the constructor's use_global_stats among the operator's private keywords, with no setter."""
+    batch_norm._kwargs["use_global_stats"] = on

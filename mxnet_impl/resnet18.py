@@ -8,8 +8,9 @@ shard, step, correct, total) (common/training.py, "A strategy"):
                    parameter server (kvstore dist_sync), whose servers sum the workers' gradients;
                    mxnet_impl/launch.py starts them (`--gpus N`: all workers' contexts).
 
-BatchNorm statistics are per context, as in d2l: each copy normalises its own part of the batch
-and keeps its own running averages (JAX in this project uses the global batch instead).
+BatchNorm is per context, as in d2l and in this project's torch and JAX: each copy normalises its
+own part of the batch. Each also keeps its own running averages, never synced, and evaluates its
+part of a test batch with them (DDP broadcasts rank 0's; JAX averages them over the devices).
 bf16 (`--amp bf16`) is MXNet's AMP (`use_bf16`), on the CPU: MXNet 1.9's bf16 kernels are oneDNN's.
 """
 

@@ -16,6 +16,7 @@ from mxnet.gluon import nn
 from common import config, stages
 from common.stages import DEPTHS, blocks_in, stage_blocks
 from mxnet_impl import devices as mdev
+from mxnet_impl import guard
 from mxnet_impl import weights as mweights
 from mxnet_impl.resnet import ResNet
 
@@ -170,7 +171,7 @@ def use_running_stats(model, on):
 
     def switch(block):
         if isinstance(block, nn.BatchNorm):
-            block._kwargs["use_global_stats"] = on  # private: Gluon has no setter for the flag
+            guard.use_global_stats(block, on)  # Gluon has no setter for the flag
 
     model.apply(switch)  # every block inside, the stages' shared ones included
     for stage in getattr(model, "stages", [model]):

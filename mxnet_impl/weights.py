@@ -6,15 +6,15 @@ every MXNet model here."""
 from mxnet import nd
 
 from common import weights
+from mxnet_impl import guard
 
 _LEAF = {"gamma": "weight", "beta": "bias"}
 
 
 def named_params(net) -> dict:
-    """Exchange name -> Parameter. Structural names come through the (private) helper that
-    Gluon's own save_parameters uses."""
+    """Exchange name -> Parameter, from the structural names Gluon's save_parameters writes."""
     out = {}
-    for name, p in net._collect_params_with_prefix().items():
+    for name, p in guard.structural_params(net).items():
         head, leaf = name.rsplit(".", 1)
         out[f"{head}.{_LEAF.get(leaf, leaf)}"] = p
     return out
