@@ -177,19 +177,31 @@ def plant_binary(path: Path) -> None:
     [
         ('--8<-- "torch_impl/lenet.py:nonexistent"', None, "torch_impl/lenet.py defines no "),
         ('--8<-- "torch_impl/no_such_file.py:ddp"', None, "cannot read torch_impl/no_such_file"),
+        ('--8<-- "torch_impl/resnet18.py:ResNet18.nope"', None, "defines no ResNet18.nope"),
+        ('--8<-- "{path}:no_such_workload"', None, "has no no_such_workload runs on 1 and 2"),
         ("{moved}", None, "moved.jsonl: no such results file"),
         ("{records}", plant_bad_line, "r.jsonl:3: bad results line (Expecting value"),
         ("{records}", plant_binary, "r.jsonl:3: bad results line (not UTF-8 text"),
         ("{records}", plant_wrong_type, "r.jsonl:2: devices must be a whole number"),
         ("{records}", plant_script_in_execution, "r.jsonl:2: extra.execution must be one of"),
     ],
-    ids=["snippet", "source", "records-moved", "bad-line", "binary", "wrong-type", "execution"],
+    ids=[
+        "snippet",
+        "source",
+        "method",
+        "workload",
+        "records-moved",
+        "bad-line",
+        "binary",
+        "wrong-type",
+        "execution",
+    ],
 )
 def test_a_broken_page_fails_the_build_in_one_line(tmp_path, capsys, page, plant, says):
     records = write_records(tmp_path / "r.jsonl", record(1, 8.0), record(2, 5.0))
     if plant:
         plant(records)
-    page = page.format(records=table(records), moved=table(tmp_path / "moved.jsonl"))
+    page = page.format(records=table(records), moved=table(tmp_path / "moved.jsonl"), path=records)
     site = tmp_path / "build" / "site"
     code, out, err = make_docs(site_config(tmp_path, page), site, capsys)
     assert code == 1
