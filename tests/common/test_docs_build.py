@@ -92,36 +92,25 @@ def make_docs(config: Path, site: Path, capsys) -> tuple[int, list[str], list[st
     return code, out.splitlines(), err.splitlines()
 
 
-class Listener:
-    """An HTTP server on loopback that counts the requests it is sent."""
-
-    def __init__(self):
-        self.requests: list[str] = []
-        listener = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                listener.requests.append(self.path)
-                self.send_response(204)
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
 def listener():
-    served = Listener()
-    yield served
-    served.close()
+    """An HTTP server on loopback: its address, and the paths it is asked for."""
+    asked: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            asked.append(self.path)
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", asked
+    server.shutdown()
+    server.server_close()
 
 
 def hostile(url: str) -> dict:
@@ -257,12 +246,12 @@ def test_the_table_draws_clean_commits_the_newest_record_per_cell_and_medians(tm
 @CHROMIUM
 def test_the_picture_is_taken_offline_and_not_as_root(tmp_path, listener):
     """A page that calls out (a script, an image) calls nobody while its picture is taken."""
-    site = tmp_path / "site"
+    (url, asked), site = listener, tmp_path / "site"
     (site / "lessons").mkdir(parents=True)
-    calls = f"<script>fetch('{listener.url}/script')</script><img src='{listener.url}/img'>"
+    calls = f"<script>fetch('{url}/script')</script><img src='{url}/img'>"
     (site / docs_screenshot.PAGE).write_text(f"<html><body><h1>A page</h1>{calls}</body></html>")
     assert docs_screenshot.shoot(site).is_file()
-    assert listener.requests == []
+    assert asked == []
 
 
 @pytest.fixture
