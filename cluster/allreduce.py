@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 from cluster import train as cluster
-from common import config, cores, netns, results, signals, supervise
+from common import checks, config, cores, netns, results, signals, supervise, watchdog
 from compare.collectives import fit, fit_text, load
 
 PORT = cluster.PORT
@@ -43,6 +43,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", default="cpu", choices=config.PRESETS)
     p.add_argument("--results", default=str(results.DEFAULT_PATH))
     p.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds per run")
+    p.add_argument(
+        "--peer-timeout",
+        type=int,
+        default=watchdog.PEER_TIMEOUT_S,
+        help="each node's --peer-timeout: seconds it waits for a lost peer or link",
+    )
     p.add_argument("--venv", default=str(cluster.ROOT / ".venv"))
     p.add_argument("--python", default=None, help="one interpreter for every framework")
     return p
@@ -56,8 +62,9 @@ def check(args) -> None:
         raise config.ConfigError(f"--ranks must each be at least 2, got {args.ranks}")
     if not args.ranks and not args.links:
         raise config.ConfigError("nothing to run: give --ranks, --links or both")
-    for rate in args.links:
-        netns.rate_bps(rate)
+    checks.check_seconds("--peer-timeout", args.peer_timeout)
+    largest = config.get_config("allreduce", args.preset).max_bytes  # crosses in the bound
+    cluster.check_links(args.links, largest, 2, args.peer_timeout, "its largest all-reduce")
     if args.links:
         if len(cores.allowed()) < 2:
             raise config.ConfigError("--links runs 2 nodes of a core each: this machine gives 1")
@@ -76,6 +83,8 @@ def node_command(fw: str, node: int, nodes: int, host: str, port: int, out: Path
         str(node),
         "--rdzv-endpoint",
         f"{host}:{port}",
+        "--peer-timeout",
+        str(args.peer_timeout),
     ]
 
 
@@ -91,11 +100,11 @@ def run_nodes(fw: str, nodes: int, args, net: netns.Network | None) -> dict:
             cmd = node_command(fw, i, nodes, host, port, outs[i], args)
             pinned = cores.allowed()[i : i + 1] if net else None  # a core per node
             group.start(f"node {i}", cmd, cluster.node_env(), pinned, net.ns(i) if net else None)
-        checks = [lambda: supervise.stopped_member(group)]
+        faults = [supervise.Stops(group, args.peer_timeout)]  # a node stopped: its peers wait
         if net:
-            checks.append(net.link_problem)
+            faults.append(net.link_problem)
         try:
-            group.watch(checks, deadline=args.timeout, exit_wait=cluster.EXIT_WAIT_S)
+            group.watch(faults, deadline=args.timeout, exit_wait=cluster.EXIT_WAIT_S)
         finally:
             group.stop(cluster.STOP_GRACE_S)
         written = [r for out in outs if out.is_file() for r in load(out)]

@@ -42,6 +42,7 @@ import tempfile
 from pathlib import Path
 
 from common import (
+    checks,
     config,
     cores,
     flops,
@@ -50,6 +51,7 @@ from common import (
     processes,
     results,
     supervise,
+    watchdog,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,6 +81,13 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--results", default=str(results.DEFAULT_PATH))
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per cluster run")
+    p.add_argument(
+        "--peer-timeout",
+        type=int,
+        default=watchdog.PEER_TIMEOUT_S,
+        help="each node's --peer-timeout: seconds it waits for a lost peer or link, and a node "
+        "stopped (SIGSTOP) may stay so",
+    )
     p.add_argument("--venv", default=str(ROOT / ".venv"))
     p.add_argument("--python", default=None, help="one interpreter for every framework")
     return p
@@ -97,10 +106,12 @@ def plan(args) -> list[tuple[str, int, str]]:
 
 def check(args) -> None:
     """Every setting, before any namespace is made: one line for the first that is wrong."""
-    for rate in args.links:
-        netns.rate_bps(rate)
     if not (math.isfinite(args.timeout) and args.timeout > 0):
         raise config.ConfigError(f"--timeout must be a number of seconds > 0, got {args.timeout}")
+    checks.check_seconds("--peer-timeout", args.peer_timeout)
+    if max(args.nodes) > 1:  # each link carries a step's gradient within the nodes' bound
+        gradient, ranks = flops.gradient_bytes("resnet18"), max(args.nodes) * args.gpus_per_node
+        check_links(args.links, gradient, ranks, args.peer_timeout, "a resnet18 step's gradient")
     if min(args.nodes) < 1 or args.gpus_per_node < 1 or args.cores_per_device < 1:
         raise config.ConfigError("--nodes, --gpus-per-node and --cores-per-device must be >= 1")
     wanted = max(args.nodes) * args.gpus_per_node * args.cores_per_device
@@ -112,6 +123,22 @@ def check(args) -> None:
         )
     results.check_writable(args.results)
     netns.check_can_make()
+
+
+def check_links(rates, payload: int, ranks: int, peer_timeout: int, what: str) -> None:
+    """Each link rate is one, and carries an all-reduce of `payload` bytes over `ranks` within
+    the nodes' --peer-timeout: past it a node takes the slow link for a lost one (gloo's
+    timeout, the watchdog). One line for the first that cannot."""
+    for rate in rates:
+        bps = netns.rate_bps(rate)
+        seconds = link.crossing_s(payload, ranks, bps) if bps else 0.0
+        if seconds > peer_timeout:
+            raise config.ConfigError(
+                f"link {rate}: {what} ({payload / 1e6:.1f} MB over {ranks} ranks) takes about "
+                f"{seconds:.0f} s across it, past --peer-timeout {peer_timeout} s, after which a "
+                f"node takes its peers for lost: give --peer-timeout {math.ceil(2 * seconds)} or "
+                "more, or a faster link"
+            )
 
 
 def cluster_cores(args) -> list[int]:
@@ -140,6 +167,7 @@ def node_command(fw: str, node: int, nodes: int, args, out: Path, net) -> list[s
     if nodes > 1:
         endpoint = f"{net.address(0)}:{PORT}"
         cmd += ["--nnodes", str(nodes), "--node-rank", str(node), "--rdzv-endpoint", endpoint]
+        cmd += ["--peer-timeout", str(args.peer_timeout)]
     return cmd
 
 
@@ -181,7 +209,8 @@ def run_one(fw: str, nodes: int, rate: str, args) -> dict:
             for i in range(nodes):
                 cmd = node_command(fw, i, nodes, args, outs[i], net)
                 group.start(f"node {i}", cmd, node_env(), node_cores(i, args), net.ns(i))
-            checks = [lambda: stopped_node(net, nodes), net.link_problem]
+            stops = supervise.Stops(None, args.peer_timeout, lambda: node_pids(net, nodes))
+            checks = [stops, net.link_problem]
             try:
                 group.watch(checks, deadline=args.timeout, exit_wait=EXIT_WAIT_S)
             finally:
@@ -192,12 +221,10 @@ def run_one(fw: str, nodes: int, rate: str, args) -> dict:
     return with_cluster_fields(written[0].to_dict(), fw, nodes, rate, measured, args)
 
 
-def stopped_node(net: netns.Network, nodes: int) -> str | None:
-    """Which node has a process stopped (SIGSTOP): it would hold the others in a collective."""
-    for i in range(nodes):
-        if pids := supervise.stopped(supervise.netns_pids(net.ns(i))):
-            return f"node {i} was stopped (SIGSTOP or SIGTSTP: pid {pids[0]})"
-    return None
+def node_pids(net: netns.Network, nodes: int) -> list[tuple[int, str]]:
+    """(pid, its node) of every process of the nodes: a stopped one holds the others in a
+    collective (supervise.Stops)."""
+    return [(pid, f"node {i}") for i in range(nodes) for pid in supervise.netns_pids(net.ns(i))]
 
 
 def with_cluster_fields(rec: dict, fw: str, nodes: int, rate: str, measured: dict, args) -> dict:

@@ -101,7 +101,8 @@ BF16_COST = {
 }
 
 
-NODE_OPTIONS = ("--nnodes", "--node-rank", "--rdzv-endpoint", "--rdzv-timeout", "--peer-timeout")
+NODE_OPTIONS = ("--nnodes", "--node-rank", "--rdzv-endpoint", "--rdzv-timeout")
+MAX_TIMEOUT_S = 86400  # a day: a longer wait is a slip of the keyboard, and overflows clocks
 NODES_SCOPE = (
     "--nnodes, --node-rank and --rdzv-* apply to resnet18's multi-node engines (torch ddp, "
     "JAX sharding, MXNet dist) and to their allreduce"
@@ -142,7 +143,39 @@ def check_nodes(framework: str, args: argparse.Namespace) -> None:
             f"{args.node_rank}; give each node its own"
         )
     processes.port_of(args.rdzv_endpoint, "--rdzv-endpoint")
-    if args.rdzv_timeout is not None and args.rdzv_timeout < 1:
-        raise config.ConfigError(f"--rdzv-timeout must be at least 1 s, got {args.rdzv_timeout}")
-    if args.peer_timeout is not None and args.peer_timeout < 1:
-        raise config.ConfigError(f"--peer-timeout must be at least 1 s, got {args.peer_timeout}")
+    check_seconds("--rdzv-timeout", args.rdzv_timeout)
+
+
+def check_seconds(option: str, seconds: int | None) -> None:
+    """A wait's bound, from 1 s to MAX_TIMEOUT_S (the engines' and Python's clocks overflow
+    far above it: a thread's traceback, and the wait without its bound)."""
+    if seconds is not None and seconds < 1:
+        raise config.ConfigError(f"{option} must be at least 1 s, got {seconds}")
+    if seconds is not None and seconds > MAX_TIMEOUT_S:
+        raise config.ConfigError(
+            f"{option} must be at most {MAX_TIMEOUT_S} s (a day), got {seconds}"
+        )
+
+
+def check_peer_timeout(framework: str, args: argparse.Namespace, n_devices: int) -> None:
+    """--peer-timeout bounds a run of several processes (common/watchdog.py, and on several
+    machines the engines' own waits): refused in one line where the run has one process."""
+    check_seconds("--peer-timeout", args.peer_timeout)
+    if args.peer_timeout is None or several_processes(framework, args, n_devices):
+        return
+    raise config.ConfigError(
+        "--peer-timeout bounds a run of several processes (torch ddp or MXNet dist on 2 or more "
+        "devices, JAX_NUM_PROCESSES, --nnodes); this run has one: drop it"
+    )
+
+
+def several_processes(framework: str, args: argparse.Namespace, n_devices: int) -> bool:
+    """Whether the run is one of several processes that wait for each other."""
+    if getattr(args, "nnodes", None) is not None:
+        return True
+    if framework == "jax":
+        return os.environ.get("JAX_NUM_PROCESSES", "1").strip() not in ("", "0", "1")
+    if n_devices < 2 or args.workload not in ("resnet18", "allreduce"):
+        return False
+    strategy = args.strategy or {"torch": "ddp"}.get(framework)
+    return args.workload == "allreduce" or strategy == NODE_STRATEGIES[framework]

@@ -166,8 +166,8 @@ def _node_options(p: argparse.ArgumentParser) -> None:
         "--peer-timeout",
         type=whole_number,
         default=None,
-        help="seconds a node waits for a lost peer or link before it ends, in one line "
-        f"(default {PEER_TIMEOUT_S})",
+        help="seconds a process of several waits for a lost peer or link before it ends, in "
+        f"one line (default {PEER_TIMEOUT_S}; a slow step, compile or evaluation gets longer)",
     )
 
 
@@ -236,6 +236,9 @@ def start(framework, argv=None, before_import=None, load=None) -> None:
     checks.check_sync_bn(framework, args, plan.platform)
     checks.check_ceiling(args, plan.count)
     checks.check_nodes(framework, args)
+    checks.check_peer_timeout(framework, args, plan.count)
+    if args.peer_timeout:  # for every process this one starts, and their own harness
+        os.environ[watchdog.PEER_TIMEOUT_ENV] = str(args.peer_timeout)
     processes.check_environment(framework, args.workload, args.strategy)
     profiling.check(framework, args, plan.count)
     results.check_writable(args.results)  # before hours of training, not after

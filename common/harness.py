@@ -91,11 +91,9 @@ class Run:
         self.sampler = utilization.Sampler("cpu_time")
         self.link = link.Counter()  # a cluster's node: the bytes its link carries in the epochs
         self._steps = self._seen = 0
-        self.progress = None  # several processes: each ends itself when the run stops moving
-        if world.size > 1:
-            bound = getattr(args, "peer_timeout", None) or watchdog.peer_timeout()
-            lost = "lost another process of the run, or the link to it"
-            self.progress = watchdog.Progress(bound + watchdog.MARGIN_S, lost)
+        # Several processes: each ends itself when the run stops moving (common/watchdog.py).
+        self.progress = watchdog.armed(world.size)
+        self._beat(watchdog.WARM)  # what comes before the warm-up's first step is set-up
 
     def sampling(self, sampler: utilization.Sampler) -> Run:
         """Sample with `sampler` (a GPU's utilisation) instead of this process's CPU time."""
@@ -125,12 +123,12 @@ class Run:
     def _warm(self, shard, batches: list[np.ndarray]) -> Iterator:
         with self.timer.region():
             for part in shard(batches):
-                self._beat(warm=True)
+                self._beat(watchdog.WARM)
                 yield part
 
-    def _beat(self, warm: bool = False) -> None:
+    def _beat(self, kind: str = watchdog.STEP) -> None:
         if self.progress is not None:
-            self.progress.beat(warm)
+            self.progress.beat(kind)
 
     def epochs(self, shard: Callable[[list], Iterable]) -> Iterator[Iterator]:
         """Each epoch's parts (`shard` of its global batches); iterating them is the epoch,
@@ -158,13 +156,13 @@ class Run:
         """The test set's indices in batches of TEST_BATCH per device, in order."""
         size = TEST_BATCH * len(self.world.devices)
         for i in range(0, self.n_test, size):
-            self._beat()
+            self._beat(watchdog.EVAL)
             yield np.arange(i, min(i + size, self.n_test))
 
     def log(self, loss_sum: float, correct: float) -> None:
         """The epoch's summed loss and correct test predictions (over every process): d2l's
         line, the log, and (--ceiling) a repeat of the ceiling after it."""
-        self._beat()
+        self._beat(watchdog.END)
         seconds = self.timer.times[-1]
         acc = correct / self.n_test
         self.epoch_log.add(loss_sum / self._seen, acc, seconds, self._steps, self._seen)
@@ -176,7 +174,7 @@ class Run:
         """Record the run (rank 0; with --profile only its traces) and print its last lines;
         a run that diverged is recorded, then ends with one line (training.Diverged). `extra`:
         the framework's own fields; `names`: the devices' (default: the world's devices)."""
-        self._beat()  # the record, then the exit barrier: one more bound
+        self._beat(watchdog.END)  # the record, then the exit barrier: one more bound
         log, plan = self.epoch_log, self.world.plan
         if self.world.rank != 0:
             if log.diverged:

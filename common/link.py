@@ -20,6 +20,9 @@ import time
 from pathlib import Path
 
 IFACE_ENV = "MULTIDEVICE_LINK_IFACE"  # the interface to count, set by the cluster for each node
+# TCP/IP headers on a 1500-byte MTU, the acknowledgements, the engine's own messages: what a
+# link carries beyond an all-reduce's bytes
+OVERHEAD = 0.15
 PING_ROUNDS = 200
 STREAM_SECONDS = 2.0  # a bulk stream at most this long, so a slow link is measured in seconds
 STREAM_MAX = 256 << 20
@@ -61,6 +64,13 @@ class Counter:
         return {
             "link_bytes": {"iface": self.iface, "rx": self.rx, "tx": self.tx, "steps": self.steps}
         }
+
+
+def crossing_s(payload: float, ranks: int, rate_bps: float) -> float:
+    """Seconds an all-reduce of `payload` bytes over `ranks` takes across one rank's link at
+    `rate_bps`, each way: 2(n - 1)/n of it in a ring (and about as much to and from a
+    parameter server on every node), headers included."""
+    return 2 * (ranks - 1) / ranks * payload * 8 * (1 + OVERHEAD) / rate_bps
 
 
 # --- the link itself: latency and bandwidth over TCP ---------------------------------------------

@@ -26,7 +26,6 @@ class Nodes:
     rank: int
     endpoint: str  # HOST:PORT, HOST being node 0's address
     timeout: int  # seconds for every node to join and this node's workers to start
-    peer_timeout: int = cli.PEER_TIMEOUT_S  # seconds for a lost peer or link, once joined
 
     @classmethod
     def of(cls, args) -> Nodes | None:
@@ -34,8 +33,7 @@ class Nodes:
         if getattr(args, "nnodes", None) is None:
             return None
         timeout = args.rdzv_timeout or cli.RDZV_TIMEOUT_S
-        peers = getattr(args, "peer_timeout", None) or cli.PEER_TIMEOUT_S
-        return cls(args.nnodes, args.node_rank, args.rdzv_endpoint, timeout, peers)
+        return cls(args.nnodes, args.node_rank, args.rdzv_endpoint, timeout)
 
     @property
     def host_port(self) -> tuple[str, int]:

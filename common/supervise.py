@@ -231,19 +231,20 @@ LAUNCHER_GRACE_S = 5.0  # a launcher whose workers have all ended, or one failed
 
 
 def run_launcher(
-    cmd, env: dict, workers: int, ready_within=None, not_ready: str = "", cwd=None
+    cmd, env: dict, workers: int, ready_within=None, not_ready="", cwd=None, stop_s=45.0
 ) -> int:
     """`cmd`, an engine's launcher of `workers` workers here, in a session of its own, to its
     end: its exit code. With `ready_within`, a worker must say it is up within that many
     seconds, else the run ends with `not_ready` (config.ConfigError; a function: the line it
-    returns then). A stopped worker (SIGSTOP) ends the run in one line, where its peers would
-    wait for it in a collective. Once every worker has ended, or one failed, the launcher has
-    LAUNCHER_GRACE_S left: torchrun can wait minutes more for a node that is gone (its store,
-    its exit barrier). However it ends (a Ctrl-C here too), the launcher gets SIGTERM to stop
-    its workers, then SIGKILL, and any worker that outlived it is killed."""
+    returns then). A worker stopped (SIGSTOP) for `stop_s` seconds ends the run in one line
+    (Stops). Once every worker has ended, or one failed, the launcher has LAUNCHER_GRACE_S
+    left: torchrun can wait minutes more for a node that is gone (its store, its exit barrier).
+    However it ends (a Ctrl-C here too), the launcher gets SIGTERM to stop its workers, then
+    SIGKILL, and any worker that outlived it is killed."""
     ended = None  # when every worker had ended, or one failed
     with Group("launcher") as group:
         member = group.start("launcher", cmd, env, capture=None, cwd=cwd)
+        stops = Stops(group, stop_s)  # a stopped worker: its peers would wait for it
         try:
             if ready_within is not None:
                 ready, deadline = Path(env[READY_FILE_ENV]), time.monotonic() + ready_within
@@ -254,7 +255,7 @@ def run_launcher(
             while True:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     return member.popen.wait(CHECK_S)
-                if reason := stopped_member(group):
+                if reason := stops():
                     group.stop()  # at once: a stopped worker would hold the launcher's own stop
                     print(f"error: {reason}; every process was stopped", file=sys.stderr)
                     raise SystemExit(1)
@@ -321,14 +322,36 @@ def _left(m: Member) -> bool:
     return m.alive() or bool(m.netns and netns_pids(m.netns))
 
 
-def stopped_member(group: Group) -> str | None:
-    """Which member, or a process it started, is stopped (SIGSTOP, SIGTSTP): its peers would
-    wait for it in a collective until their engine's timeout (gloo's: minutes)."""
+class Stops:
+    """A check of `watch`: which member of `group`, or a process it started, has been stopped
+    (SIGSTOP, SIGTSTP, a tracer's stop) for `bound` seconds on end (the peers' bound,
+    --peer-timeout): its peers would wait for it in a collective until their engine's timeout,
+    or for good (ps-lite). A shorter stop (Ctrl-Z and fg, a debugger's look, strace) is no
+    fault. `find`: instead of the group's, (pid, who) of every process to look at."""
+
+    def __init__(self, group: Group | None, bound: float, find=None):
+        self.bound = bound
+        self.find = find or (lambda: _members_pids(group))
+        self.since: dict[int, float] = {}  # each stopped process: since when, as seen here
+
+    def __call__(self) -> str | None:
+        now, found = time.monotonic(), dict(self.find())
+        self.since = {p: self.since.get(p, now) for p in stopped(list(found)) if p in found}
+        for pid, since in self.since.items():
+            if now - since >= self.bound:
+                how = f"was stopped (SIGSTOP or SIGTSTP) for {now - since:.0f} s (pid {pid})"
+                return f"{found[pid]} {how}"
+        return None
+
+
+def _members_pids(group: Group) -> list[tuple[int, str]]:
+    """(pid, who) of every live member of `group` and every process it started."""
+    found = []
     for m in group.members:
-        if m.alive() and (pids := stopped([m.popen.pid, *processes.descendants(m.popen.pid)])):
-            who = m.name if pids[0] == m.popen.pid else f"a process of {m.name}"
-            return f"{who} (pid {pids[0]}) was stopped (SIGSTOP or SIGTSTP)"
-    return None
+        if m.alive():
+            found.append((m.popen.pid, m.name))
+            found += [(p, f"a process of {m.name}") for p in processes.descendants(m.popen.pid)]
+    return found
 
 
 def netns_pids(netns: str) -> list[int]:

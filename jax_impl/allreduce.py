@@ -18,7 +18,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from common import collectives
+from common import collectives, watchdog
 from jax_impl import launch
 
 FRAMEWORK = "jax"
@@ -60,6 +60,9 @@ def main(args, plan, cfg, hooks):
     """Join the world (several JAX processes where there are), then time the all-reduces."""
     collectives.check(args)
     world = launch.join(plan, args)
-    rows = collectives.time_sizes(*engine(world), world, cfg)
+    buffer, reduce, values = engine(world)
+    # Several processes: each ends itself when the run stops moving (common/watchdog.py).
+    reduce = watchdog.beating(reduce, watchdog.armed(world.size))
+    rows = collectives.time_sizes(buffer, reduce, values, world, cfg)
     rec = collectives.record(hooks, args, plan, cfg, world, rows, collective(world))
     collectives.save(rec, args, world)

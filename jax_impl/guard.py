@@ -24,9 +24,10 @@ import signal
 import subprocess
 import sys
 
-from common import cli, config, processes, signals
+from common import checks, cli, config, processes, signals
 
-ABORT_AFTER_S = 3600  # jax's own limit on the wait: past it, it aborts the process
+# jax's own limit on the wait: past it, it aborts the process
+ABORT_AFTER_S = checks.MAX_TIMEOUT_S + 60
 WRAPPED_ENV = "MULTIDEVICE_JAX_WRAPPED"  # this process is run_wrapped's child
 # XLA's lines as its distributed service ends a process that lost another (a glog E and F line,
 # then a C++ stack and Python's own dump): from the first, the rest is not shown.
@@ -34,7 +35,7 @@ ABORT_MARKS = ("coordination_service_agent.cc", "client.h:80]", "JAX distributed
 # XLA's errors (JaxRuntimeError) when a collective or the coordinator's store waits for a peer
 # that went, raised in the main thread with a traceback.
 LOST_MARKS = ("DEADLINE_EXCEEDED", "UNAVAILABLE", "CoordinationServiceError")
-MAX_INIT_S = ABORT_AFTER_S - 60  # JAX_INIT_TIMEOUT's bound, so that this one ends it first
+MAX_INIT_S = checks.MAX_TIMEOUT_S  # JAX_INIT_TIMEOUT's bound, so that this one ends it first
 
 
 def joining(join):
@@ -83,8 +84,9 @@ def wrapped(argv: list[str]) -> bool:
 def run_wrapped(argv: list[str]) -> int:
     """This command again, as a child whose stderr passes through here: when JAX's distributed
     service ends it for a lost peer (an abort: a C++ stack and Python's dump, exit -6), the
-    node's output ends in one line instead. Ctrl-C reaches the child itself (one process
-    group), which says it; SIGTERM and SIGHUP to this process are passed on."""
+    node's output ends in one line instead. The child runs in a session of its own: a stop
+    signal to this process (a Ctrl-C at its terminal, `kill -INT`, SIGTERM, SIGHUP) is passed
+    on to it once, and it says the line."""
     env = {**os.environ, WRAPPED_ENV: "1", signals.PARENT_ENV: str(os.getpid())}
     child = subprocess.Popen(
         [sys.executable, "-m", "jax_impl", *argv],
@@ -92,10 +94,11 @@ def run_wrapped(argv: list[str]) -> int:
         stderr=subprocess.PIPE,
         text=True,
         errors="replace",
+        start_new_session=True,
     )
-    signal.signal(signal.SIGINT, lambda *_: None)  # not SIG_IGN, which the child would keep
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, lambda signum, _: child.send_signal(signum))
+    for sig in (signal.SIGINT, *signals.STOPS):
+        if signal.getsignal(sig) is not signal.SIG_IGN:  # `nohup`'s stays ignored, as the child's
+            signal.signal(sig, lambda signum, _: child.send_signal(signum))
     aborted, held = False, []
     for line in child.stderr:
         aborted = aborted or any(mark in line for mark in ABORT_MARKS)

@@ -12,7 +12,7 @@ every worker pushes and pulls the same sizes, and worker 0 records the times.
 
 import sys
 
-from common import collectives, config
+from common import collectives, config, watchdog
 from mxnet_impl import launch
 
 FRAMEWORK = "mxnet"
@@ -58,6 +58,9 @@ def main(args, plan, cfg, hooks):
     world = launch.join(plan, args)
     if len(world.devices) != 1:
         raise config.ConfigError("the allreduce benchmark runs one context per worker")
-    rows = collectives.time_sizes(*engine(world), world, cfg)
+    buffer, reduce, values = engine(world)
+    # Several processes: each ends itself when the run stops moving (common/watchdog.py).
+    reduce = watchdog.beating(reduce, watchdog.armed(world.size))
+    rows = collectives.time_sizes(buffer, reduce, values, world, cfg)
     rec = collectives.record(hooks, args, plan, cfg, world, rows, collective(world))
     collectives.save(rec, args, world)

@@ -20,7 +20,7 @@ import socket
 import sys
 from pathlib import Path
 
-from common import cli, config, cores, devices, processes, signals
+from common import checks, cli, config, cores, devices, processes, signals
 
 ROOT = Path(__file__).resolve().parent.parent
 # A scheduler or server, by its DMLC_ROLE; it ends with its launcher, even a SIGKILLed one.
@@ -103,6 +103,10 @@ def joining(join):
             )
         where = f"{os.environ['DMLC_PS_ROOT_URI']}:{os.environ['DMLC_PS_ROOT_PORT']}"
         wait = processes.env_int("MXNET_DIST_INIT_TIMEOUT", "60", 1)
+        if wait > checks.MAX_TIMEOUT_S:  # past it Python's timer overflows: no bound at all
+            raise config.ConfigError(
+                f"MXNET_DIST_INIT_TIMEOUT={wait}: at most {checks.MAX_TIMEOUT_S} s (a day)"
+            )
         line = (
             f"error: kvstore dist_sync: the scheduler at {where}, {servers} server(s) and "
             f"{workers} worker(s) did not all join within {wait} s (MXNET_DIST_INIT_TIMEOUT); "

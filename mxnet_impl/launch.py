@@ -73,7 +73,6 @@ def dist_sync(worker_cmd: list[str], n_contexts: int, what: str, args=None) -> N
         env = environment(nodes.count, nodes.count, nodes.host_port[1])
         env = guard.process_environment(env, nodes.count, nodes.count * n_contexts)
         env = guard.node_environment(env, nodes)
-        env[watchdog.PEER_TIMEOUT_ENV] = str(nodes.peer_timeout)
         roles, local = (["scheduler"] if nodes.rank == 0 else []) + ["server 0"], 1
     else:
         workers, servers = guard.counts(n_contexts)
@@ -87,7 +86,8 @@ def dist_sync(worker_cmd: list[str], n_contexts: int, what: str, args=None) -> N
             mine = {**env, "DMLC_ROLE": "worker", cores.LOCAL_INDEX_ENV: str(i)}
             group.start(f"the kvstore worker {i}", worker_cmd, mine, capture="stderr", first=True)
         try:
-            group.watch([lambda: supervise.stopped_member(group)], exit_wait=EXIT_WAIT_S)
+            stops = supervise.Stops(group, watchdog.peer_timeout())  # its peers would wait
+            group.watch([stops], exit_wait=EXIT_WAIT_S)
         except supervise.Failed as e:  # one line, once for every process
             print(e.line, file=sys.stderr)
             raise SystemExit(e.code) from None

@@ -12,7 +12,7 @@ same all-reduces of the same sizes, and rank 0 records the times.
 import torch
 import torch.distributed as dist
 
-from common import cli, collectives
+from common import cli, collectives, watchdog
 from torch_impl import launch
 
 FRAMEWORK = "torch"
@@ -51,6 +51,9 @@ def main(args, plan, cfg, hooks):
         launch.torchrun(cli.worker_argv(args, strategy="ddp"), plan.count, "all-reduce", nodes)
         return
     world = launch.join(plan, args)
-    rows = collectives.time_sizes(*engine(world), world, cfg)
+    buffer, reduce, values = engine(world)
+    # Several processes: each ends itself when the run stops moving (common/watchdog.py).
+    reduce = watchdog.beating(reduce, watchdog.armed(world.size))
+    rows = collectives.time_sizes(buffer, reduce, values, world, cfg)
     rec = collectives.record(hooks, args, plan, cfg, world, rows, collective(world))
     collectives.save(rec, args, world)

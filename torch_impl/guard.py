@@ -71,7 +71,6 @@ def run_torchrun(cmd: list[str], nproc: int, what: str, nodes: Nodes | None, env
             if here := processes.loopback(nodes.host_port[0]):  # every node on this machine
                 stack.enter_context(_loopback(env, here, nodes.host_port[1], nodes.rank == 0))
             cmd[at:at] = _node_options(nodes, nodes.local(env), nodes.rank == 0 and not here)
-            env[watchdog.PEER_TIMEOUT_ENV] = str(nodes.peer_timeout)
         else:
             cmd[at:at] = stack.enter_context(_loopback(env))
         tmp = stack.enter_context(tempfile.TemporaryDirectory())
@@ -87,7 +86,9 @@ def run_torchrun(cmd: list[str], nproc: int, what: str, nodes: Nodes | None, env
             env[counts.COUNTS_ENV] = f"{nodes.rank} {nodes.count} {nodes.timeout} {nodes.endpoint}"
             env[counts.COUNTS_FILE_ENV] = str(Path(tmp) / "counts")
         wait = (nodes.timeout, lambda: counts.not_joined(nodes, env)) if nodes else (None, "")
-        rc = supervise.run_launcher(cmd, env, nproc, *wait, cwd=ROOT)
+        rc = supervise.run_launcher(
+            cmd, env, nproc, *wait, cwd=ROOT, stop_s=watchdog.peer_timeout()
+        )
         if rc:
             _failed(what, rc, nodes, env)
 
@@ -185,16 +186,17 @@ def joining(join):
 def group_options() -> dict:
     """init_process_group's keywords besides the backend: a bound on every collective (on several
     machines --peer-timeout: a peer or a link lost mid-run or at the exit barrier ends the rank
-    in one line), and on one machine (LOOPBACK_ENV) the workers' store, which rank 0 hosts on a
-    socket bound to 127.0.0.1 at the port torchrun chose (elsewhere torch makes its own)."""
+    in one line; on one machine, where the launcher sees a lost peer's process go,
+    COLLECTIVE_TIMEOUT_S), and on one machine (LOOPBACK_ENV) the workers' store, which rank 0
+    hosts on a socket bound to 127.0.0.1 at the port torchrun chose (elsewhere torch makes its
+    own)."""
     import torch.distributed as dist
 
-    several = os.environ.get(watchdog.PEER_TIMEOUT_ENV)  # machines: --peer-timeout
-    seconds = watchdog.peer_timeout() if several else COLLECTIVE_TIMEOUT_S
-    timeout = datetime.timedelta(seconds=seconds)
-    if not os.environ.get(LOOPBACK_ENV):
-        return {"timeout": timeout}
+    if not os.environ.get(LOOPBACK_ENV):  # several machines: --peer-timeout
+        return {"timeout": datetime.timedelta(seconds=watchdog.peer_timeout())}
     rank, world, port = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "MASTER_PORT"))
+    one = world == int(os.environ["LOCAL_WORLD_SIZE"])  # not nodes meeting on loopback
+    timeout = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S if one else watchdog.peer_timeout())
     if rank:
         store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timeout)
     else:

@@ -126,8 +126,9 @@ SAID = {
 @pytest.mark.parametrize("when", ["epoch 1/", "images/sec"])  # mid-run; in the exit barrier
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_a_fault_on_one_node_ends_every_node_in_bounded_time(fake_python, tmp_path, fault, when):
+    """A node stopped (SIGSTOP) is a fault once it stays so for --peer-timeout (5 s here)."""
     results = tmp_path / "r.jsonl"
-    proc = start(fake_python, results, "--epochs", "3", nodes="2")
+    proc = start(fake_python, results, "--epochs", "3", "--peer-timeout", "5", nodes="2")
     seen = wait_for(proc, when)
     began = time.monotonic()
     subprocess.run(FAULTS[fault](f"{netns.PREFIX}{proc.pid}-n1"), check=True, timeout=30)
@@ -149,6 +150,23 @@ def wait_for(proc: subprocess.Popen, text: str, bound: float = 90) -> str:
             return seen
     proc.kill()
     pytest.fail(f"never saw {text!r}:\n{seen}")
+
+
+@needs_netns
+@needs_two_cores
+def test_a_node_stopped_for_less_than_the_peer_timeout_is_no_fault(fake_python, tmp_path):
+    """A node stopped a moment (SIGSTOP, then SIGCONT: Ctrl-Z and fg, a debugger's look) holds
+    its peers for that long, under their --peer-timeout: the run goes on and ends well."""
+    results = tmp_path / "r.jsonl"
+    proc = start(fake_python, results, "--epochs", "8", "--peer-timeout", "20", nodes="2")
+    wait_for(proc, "epoch 1/")
+    node = f"{netns.PREFIX}{proc.pid}-n1"
+    subprocess.run(FAULTS["stop"](node), check=True, timeout=30)
+    time.sleep(3)  # three of the supervisor's looks
+    subprocess.run(["sh", "-c", f"kill -CONT $(ip netns pids {node})"], check=True, timeout=30)
+    out, _ = proc.communicate(timeout=FAULT_BOUND_S)
+    assert proc.returncode == 0, out
+    assert len(results.read_text().splitlines()) == 1 and left_behind(proc.pid) == ([], [])
 
 
 @needs_netns
@@ -220,6 +238,15 @@ def test_without_cap_net_admin_the_cluster_says_so_in_one_line(monkeypatch, caps
         (["--links", "0.000000001kbit"], "give a rate from 8kbit to 1000gbit"),
         (["--timeout", "nan"], "--timeout must be a number of seconds > 0, got nan"),
         (["--timeout", "-1"], "--timeout must be a number of seconds > 0, got -1.0"),
+        (["--peer-timeout", "0"], "--peer-timeout must be at least 1 s, got 0"),
+        (["--peer-timeout", "10000000000"], "--peer-timeout must be at most 86400 s (a day)"),
+        (
+            ["--links", "5mbit"],
+            "link 5mbit: a resnet18 step's gradient (44.7 MB over 2 ranks) takes about 82 s "
+            "across it, past --peer-timeout 45 s, after which a node takes its peers for lost: "
+            "give --peer-timeout 165 or more, or a faster link",
+        ),
+        (["--links", "8kbit", "--peer-timeout", "3600"], "link 8kbit: a resnet18 step's"),
         (["--nodes", "0"], "must be >= 1"),
         (["--nodes", str(cores + 1)], f"this machine gives {cores}"),
     ],
@@ -252,6 +279,20 @@ def test_each_node_runs_the_batchnorm_asked_for(sync, tmp_path):
     cmd = cluster.node_command("jax", 1, 2, args, tmp_path / "r.jsonl", net)
     assert ("--sync-bn" in cmd) == sync
     assert cmd[cmd.index("--strategy") + 1] == "sharding"
+
+
+def test_each_node_is_given_the_peer_timeout_and_a_slow_link_that_carries_a_step_is_taken(
+    tmp_path, monkeypatch
+):
+    """--peer-timeout reaches every node of several (one node alone has no peer to lose), and a
+    link that carries a step's gradient within it passes the checks."""
+    args = cluster.parser().parse_args(["--links", "5mbit", "--peer-timeout", "200"])
+    monkeypatch.setattr(netns, "check_can_make", lambda: None)
+    cluster.check(args)
+    net = type("Net", (), {"address": lambda self, node: "10.0.0.1"})()
+    cmd = cluster.node_command("torch", 1, 2, args, tmp_path / "r.jsonl", net)
+    assert cmd[cmd.index("--peer-timeout") + 1] == "200"
+    assert "--peer-timeout" not in cluster.node_command("torch", 0, 1, args, tmp_path, net)
 
 
 def test_rates():

@@ -206,12 +206,15 @@ def test_a_process_stopped_inside_a_collective_leaves_the_group_cleanly(tmp_path
     (jax_impl/launch.join), so process 0, stopped a moment later, passes the barrier too
     instead of waiting there for a peer gone without a word and aborting."""
     procs = _two_processes(tmp_path / "r.jsonl")
-    os.killpg(procs[0].pid, signal.SIGSTOP)  # the node's whole group: guard's wrapper and child
+    node = [procs[0].pid, *processes.descendants(procs[0].pid)]  # guard's wrapper and its child
+    for pid in node:
+        os.kill(pid, signal.SIGSTOP)
     time.sleep(2)  # process 1 is in the next step's collective, waiting for process 0
     procs[1].send_signal(signal.SIGTERM)
     time.sleep(signals.GRACE + 2)  # its watchdog has taken the signal
     procs[0].send_signal(signal.SIGTERM)
-    os.killpg(procs[0].pid, signal.SIGCONT)
+    for pid in node:
+        os.kill(pid, signal.SIGCONT)
     _stopped_as_by_ctrl_c(procs, tmp_path / "r.jsonl")
 
 

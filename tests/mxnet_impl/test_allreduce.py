@@ -3,9 +3,18 @@ sums (common/collectives.py) and rank 0 records the times."""
 
 import pytest
 
+from tests.fixtures import lost_peer
 from tests.fixtures.collectives import two_loopback_ranks
+
+FRAMEWORK = "mxnet"
 
 
 @pytest.mark.multi_device
 def test_two_loopback_ranks_time_every_size(tmp_path):
     assert two_loopback_ranks("mxnet", tmp_path)["collective"] == "kvstore pushpull (dist_sync)"
+
+
+@pytest.mark.slow
+@pytest.mark.multi_device
+def test_a_peer_lost_inside_the_benchmark_ends_the_other_node_by_itself(tmp_path):
+    lost_peer.check_benchmark(FRAMEWORK, tmp_path)

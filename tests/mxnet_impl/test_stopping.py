@@ -2,6 +2,7 @@
 mxnet_impl/launch.py starts) stopped every way a user or a machine stops it, and run from
 another folder: tests/fixtures/stopping.py."""
 
+import shutil
 import signal
 
 import pytest
@@ -41,3 +42,19 @@ def test_a_worker_stopped_while_it_trains_ends_the_run_in_one_line(tmp_path):
 def test_a_worker_stopped_while_it_starts_ends_the_run_in_one_line_naming_it(tmp_path):
     """Stopped before it joined the kvstore: the line names the stopped worker, not a timeout."""
     stopping.check_stopped_worker(DIST, tmp_path, "DMLC_ROLE=worker", training=False)
+
+
+def test_a_worker_held_a_moment_is_no_fault(tmp_path):
+    """Stopped 4 s, then continued, under --peer-timeout: the run ends well."""
+    stopping.check_paused_worker(DIST, tmp_path, "DMLC_ROLE=worker")
+
+
+@pytest.mark.skipif(not shutil.which("strace"), reason="strace is not installed")
+def test_a_worker_traced_by_strace_is_no_fault(tmp_path):
+    """strace stops its tracee at each system call, a moment each: the run ends well."""
+    stopping.check_paused_worker(DIST, tmp_path, "DMLC_ROLE=worker", tracer=True)
+
+
+def test_steps_longer_than_the_peer_timeout_end_well(tmp_path):
+    """The watchdog bounds liveness, not speed: a step of 3 s past a bound of 2 s."""
+    stopping.check_slow_steps(DIST, tmp_path)

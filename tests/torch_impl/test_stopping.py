@@ -1,6 +1,7 @@
 """torch's DDP run on one machine (torchrun, torch_impl/launch.py) stopped every way a user or a
 machine stops it, and run from another folder: tests/fixtures/stopping.py."""
 
+import shutil
 import signal
 
 import pytest
@@ -49,3 +50,19 @@ def test_a_full_disk_at_the_record_is_one_line_from_every_rank(tmp_path):
 
 def test_a_worker_stopped_while_it_trains_ends_the_run_in_one_line(tmp_path):
     stopping.check_stopped_worker(DDP, tmp_path, "LOCAL_RANK=1")
+
+
+def test_a_worker_held_a_moment_is_no_fault(tmp_path):
+    """Stopped 4 s, then continued, under --peer-timeout: the run ends well."""
+    stopping.check_paused_worker(DDP, tmp_path, "LOCAL_RANK=1")
+
+
+@pytest.mark.skipif(not shutil.which("strace"), reason="strace is not installed")
+def test_a_worker_traced_by_strace_is_no_fault(tmp_path):
+    """strace stops its tracee at each system call, a moment each: the run ends well."""
+    stopping.check_paused_worker(DDP, tmp_path, "LOCAL_RANK=1", tracer=True)
+
+
+def test_steps_longer_than_the_peer_timeout_end_well(tmp_path):
+    """The watchdog bounds liveness, not speed: a step of 3 s past a bound of 2 s."""
+    stopping.check_slow_steps(DDP, tmp_path)
