@@ -10,8 +10,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import jax
+import numpy as np
 
-from common import devices
+from common import devices, utilization
 
 
 def get_devices(plan: devices.DevicePlan) -> list[jax.Device]:
@@ -40,8 +41,24 @@ def sync(tree=None) -> None:
         jax.block_until_ready(tree)
 
 
+def padded(idx, size):
+    """A test batch's indices padded with 0 to `size`, and the mask of its own: every test batch
+    of one shape, so a jitted evaluation compiles once."""
+    mask = np.arange(size) < len(idx)
+    return np.pad(np.asarray(idx, np.int32), (0, size - len(idx))), mask
+
+
 def device_names(devs: list[jax.Device]) -> list[str]:
     return [f"{d.platform}:{d.id} {d.device_kind}" for d in devs]
+
+
+def with_allocator_peaks(usage: dict, world) -> dict:
+    """`usage` with the allocator's peak on each of this process's GPUs (none on a CPU)."""
+    mine = [d for d in world.devices if d.process_index == world.rank and d.platform == "gpu"]
+    if not mine:
+        return usage
+    peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use", 0) for d in mine]
+    return utilization.with_allocator_peaks(usage, peaks, "jax peak_bytes_in_use")
 
 
 def versions() -> dict[str, str]:

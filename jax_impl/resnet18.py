@@ -8,15 +8,14 @@ shard, step, correct, total) (common/training.py, "A strategy"):
   shard_map           `jax.shard_map` over the same Mesh: per-device code with explicit
                       collectives (d2l's hand-written allreduce), `lax.pmean` of the gradients.
   pmap                `jax.pmap` with `lax.pmean` of the gradients, the state replicated (a
-                      leading device axis): the classic API, in maintenance mode (since JAX 0.8
-                      built on jit and shard_map), kept as the classic form of the program.
+                      leading device axis): the classic API, now built on jit and shard_map.
 
 BatchNorm: each device normalises its share of the batch, as in DDP and Gluon (d2l 13.6), the
 running statistics averaged; under `sharding` each share is a row of a vmap named 'data' (no
 collective in the forward pass). --sync-bn: the net's axis_name 'data', the whole batch's.
 
-Layout: flax is NHWC with HWIO kernels and (in, out) dense weights; images arrive NCHW from
-common.data and are transposed once at the boundary, weights at the exchange-format boundary.
+Layout: flax's NHWC, the images transposed once (common.data), the weights at the exchange
+format's boundary (jax_impl/weights.py).
 """
 
 from __future__ import annotations
@@ -73,14 +72,8 @@ def batch_norm(train, use_bn, axis_name, dtype, name):
     # torch's momentum 0.1 is flax's 0.9 (weight of the old running value); eps as torch.
     # flax's one-pass variance, E[x^2] - E[x]^2: a pass less over every activation than torch's
     # two, and its float32 rounding keeps to the numerics rule (tools/jax_step.py measures it).
-    return nn.BatchNorm(
-        use_running_average=not train,
-        momentum=0.9,
-        epsilon=1e-5,
-        axis_name=axis_name,
-        dtype=dtype,
-        name=name,
-    )
+    norm = partial(nn.BatchNorm, momentum=0.9, epsilon=1e-5, axis_name=axis_name, dtype=dtype)
+    return norm(use_running_average=not train, name=name)
 
 
 class ResNet18(nn.Module):
@@ -177,8 +170,7 @@ def gradients(net, state, x, y, params=None, shares=None):
 
 
 def apply_gradients(optimizer, state, grads, batch_stats):
-    """The state after one SGD step with `grads`: JAX passes the state (params, batch_stats,
-    opt_state) in and out."""
+    """The state after an SGD step with `grads` (JAX passes params, batch_stats, opt_state)."""
     updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
     params = optax.apply_updates(state["params"], updates)
     return {"params": params, "batch_stats": batch_stats, "opt_state": opt_state}
@@ -191,8 +183,7 @@ def train_step(net, optimizer, state, x, y):
 
 
 def evaluate(net, state, x, y, mask=True):
-    """Correct predictions on a batch (a device scalar, not synced); `mask`: which samples
-    count (a padded batch)."""
+    """Correct predictions on a batch (not synced); `mask`: which samples count (padding)."""
     variables = {"params": state["params"], "batch_stats": state["batch_stats"]}
     pred = net.apply(variables, x, train=False).argmax(axis=-1)
     return jnp.sum((pred == y) & mask)
@@ -226,7 +217,7 @@ def pmap(net, optimizer, world):
         return lax.psum(evaluate(net, state, x[rows], y[rows], mask), AXIS)
 
     def correct(state, x, y, idx):  # the test batch padded to one size: one compilation
-        padded = [data.shard_batch(a, n) for a in _padded(idx, harness.TEST_BATCH * n)]
+        padded = [data.shard_batch(a, n) for a in jdev.padded(idx, harness.TEST_BATCH * n)]
         return count(state, x, y, *jax.device_put(padded, stacked))
 
     def total(losses, hits):  # every device holds the same sums: device 0's
@@ -246,9 +237,8 @@ def shard_map(net, optimizer, world):
     def place(arrays):  # every device holds the whole data set and state
         return jax.device_put(arrays, replicated)
 
-    def shard(batches):  # each batch's (N, B/N) rows as one global batch split over 'data'
-        rows = (data.shard_batch(i, n).astype(np.int32).reshape(-1) for i in batches)
-        return (jax.device_put(r, batch) for r in rows)
+    def shard(batches):  # each batch whole: `batch` gives device k its k-th block of rows
+        return (jax.device_put(np.asarray(idx, np.int32), batch) for idx in batches)
 
     @partial(jax.jit, donate_argnums=0)
     @partial(jax.shard_map, mesh=mesh, in_specs=(P(), P(), P(), P(AXIS)), out_specs=P())
@@ -261,7 +251,7 @@ def shard_map(net, optimizer, world):
     count = jax.jit(lambda state, x, y, idx, mask: evaluate(net, state, x[idx], y[idx], mask))
 
     def correct(state, x, y, idx):  # the test batch padded to one size: one compilation
-        return count(state, x, y, *jax.device_put(_padded(idx, harness.TEST_BATCH * n), batch))
+        return count(state, x, y, *jax.device_put(jdev.padded(idx, harness.TEST_BATCH * n), batch))
 
     def total(losses, hits):  # the sums over the devices are inside the programs
         return sum(map(float, losses)), sum(map(float, hits))
@@ -280,9 +270,8 @@ def sharding(net, optimizer, world):
     def place(arrays):  # every device holds the whole data set and state
         return jax.device_put(arrays, replicated)
 
-    def shard(batches):  # each batch's (N, B/N) rows as one global batch split over 'data'
-        rows = (data.shard_batch(i, n).astype(np.int32).reshape(-1) for i in batches)
-        return (jax.device_put(r, batch) for r in rows)
+    def shard(batches):  # each batch whole: `batch` gives device k its k-th block of rows
+        return (jax.device_put(np.asarray(idx, np.int32), batch) for idx in batches)
 
     @partial(jax.jit, out_shardings=(replicated, replicated), donate_argnums=0)
     def step(state, x, y, idx):
@@ -293,18 +282,12 @@ def sharding(net, optimizer, world):
     count = jax.jit(lambda state, x, y, idx, mask: evaluate(net, state, x[idx], y[idx], mask))
 
     def correct(state, x, y, idx):  # the test batch padded to one size: one compilation
-        return count(state, x, y, *jax.device_put(_padded(idx, harness.TEST_BATCH * n), batch))
+        return count(state, x, y, *jax.device_put(jdev.padded(idx, harness.TEST_BATCH * n), batch))
 
     def total(losses, hits):  # the programs sum over every device, every process's: no world.sum
         return sum(map(float, losses)), sum(map(float, hits))
 
     return place, shard, step, correct, total
-
-
-def _padded(idx, size):
-    """A test batch's indices padded with 0 to `size`, and the mask of its own."""
-    mask = np.arange(size) < len(idx)
-    return np.pad(np.asarray(idx, np.int32), (0, size - len(idx))), mask
 
 
 def train(net, cfg, ds, strategy, run):
@@ -314,10 +297,8 @@ def train(net, cfg, ds, strategy, run):
     place, shard, step, correct, total = strategy(net, optimizer, run.world)
     x_train, y_train, x_test, y_test = place(data.as_float(ds, np.int32, channels_last=True))
     variables = init_weights(net, cfg.init_std, cfg.seed)
-    # On the host: `place` copies it (a donated device array could alias it otherwise).
-    initial = jax.tree.map(
-        np.asarray, dict(variables, opt_state=optimizer.init(variables["params"]))
-    )
+    initial = dict(variables, opt_state=optimizer.init(variables["params"]))
+    initial = jax.tree.map(np.asarray, initial)  # on the host: a donated copy cannot alias it
     state = place(initial)
 
     def newest():  # JAX has no device-wide barrier: the clock waits for the newest state
@@ -352,9 +333,5 @@ def main(args, plan, cfg, hooks):
     run = harness.Run(args, cfg, ds, world, hooks=hooks)
     with run.sampling(utilization.sampler_for(plan.platform, world.plan.count)):
         train(net, cfg, ds, dict(sharding=sharding, shard_map=shard_map, pmap=pmap)[strategy], run)
-    usage = run.usage()
-    if plan.platform == "gpu":
-        mine = [d for d in world.devices if d.process_index == world.rank]
-        peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use", 0) for d in mine]
-        usage = utilization.with_allocator_peaks(usage, peaks, "jax peak_bytes_in_use")
+    usage = jdev.with_allocator_peaks(run.usage(), world)  # a GPU's: this process's devices'
     run.save(strategy, {**usage, "processes": world.size})

@@ -20,8 +20,8 @@ MUTANTS = [
         "jax",
         f"{R18}::test_batchnorm_running_statistics_use_torchs_momentum",
         "jax_impl/resnet18.py",
-        "        momentum=0.9,\n",
-        "        momentum=0.1,\n",
+        "partial(nn.BatchNorm, momentum=0.9,",
+        "partial(nn.BatchNorm, momentum=0.1,",
         "torch's BatchNorm momentum 0.1 written as flax's momentum (which weighs the old value)",
     ),
     Mutant(
