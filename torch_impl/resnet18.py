@@ -183,13 +183,12 @@ def data_parallel(net, optimizer, world):
 
 def ddp(net, optimizer, world):
     """DistributedDataParallel: this process is rank `world.rank` of a process group of one
-    process per device (torchrun started them, torch_impl/launch.py joined the group), on its one
-    device. Each rank takes its row of every global batch, so a global batch is the one-device
-    batch. DDP broadcasts rank 0's weights and, during backward, all-reduces (averages) the
-    gradients in buckets: every rank takes the same step. BatchNorm statistics stay per rank
-    (DDP's default; --sync-bn: SyncBatchNorm's, the whole batch's). One rank has nothing to
-    average, yet DDP would all-reduce every gradient: it trains the plain module, as JAX and
-    Gluon do on one device."""
+    process per device (torchrun started them, launch.join joined the group), on its one device,
+    taking its row of every global batch. DDP broadcasts rank 0's weights once, and its BatchNorm
+    running statistics before every forward; each rank normalises its own rows (--sync-bn:
+    SyncBatchNorm, the whole batch), and backward all-reduces (averages) the gradients in
+    buckets: every rank takes the same step. One rank has nothing to average, yet DDP would
+    all-reduce every gradient: it trains the plain module, as JAX and Gluon do on one device."""
     device, rank, size = world.devices[0], world.rank, world.size
     wrapped = net
     if size > 1:
