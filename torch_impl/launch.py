@@ -22,7 +22,8 @@ nnodes x G and the batch and lr scale with it. Each node runs torchrun with a c1
 
 What keeps such a run robust is applied around these calls by torch_impl/guard.py: on one
 machine every socket on 127.0.0.1, torchrun supervised from outside, bounded waits, a clean
-stop, one line for an error.
+stop, one line for an error. So `ps` shows torchrun as `python -m torch_impl.guard` (torchrun's
+own main, quiet), with the options that put its rendezvous on the launcher's loopback store.
 """
 
 from __future__ import annotations
