@@ -83,6 +83,24 @@ def busy(evs: list[Event]) -> float:
     return total
 
 
+def at_once(groups: list[list[Event]]) -> float:
+    """Microseconds in which two or more of `groups` (a process's events each) were busy at
+    the same time: whether devices that a framework may run together did."""
+    edges = []
+    for evs in groups:
+        reach = float("-inf")
+        for e in sorted(evs, key=lambda e: e.start):  # each group's union, as `busy` counts it
+            if e.end > reach:
+                edges += [(max(e.start, reach), 1), (e.end, -1)]
+                reach = e.end
+    total, running, last = 0.0, 0, 0.0
+    for time, step in sorted(edges):
+        if running >= 2:
+            total += time - last
+        running, last = running + step, time
+    return total
+
+
 def self_times(evs: list[Event]) -> dict[str, tuple[float, int]]:
     """{name: (self microseconds, calls)} on one thread: an event's time less that of the
     events nested directly inside it."""
@@ -107,7 +125,11 @@ def summary(path: Path, top: int = 5) -> str:
         return f"{path.name}: no timed events"
     span = max(e.end for e in evs) - min(e.start for e in evs)
     lines = [f"{path.name}: {len(evs)} events over {span / 1e3:.1f} ms"]
-    for process, pevs, pbusy in _busiest(evs, lambda e: e.process, top):
+    by_process = _busiest(evs, lambda e: e.process, top)
+    if len(by_process) > 1:
+        both = at_once([pevs for _, pevs, _ in by_process])
+        lines.append(f"  two or more processes busy at once: {_share(both, span)}")
+    for process, pevs, pbusy in by_process:
         lines.append(f"  {process}: busy {_share(pbusy, span)}")
         for thread, tevs, tbusy in _busiest(pevs, lambda e: e.thread, top):
             lines.append(f"    {thread}: busy {_share(tbusy, span)}, {len(tevs)} events")

@@ -67,6 +67,22 @@ def test_busy_is_the_union_of_overlapping_events():
     assert traces.busy([e for e in evs if e.process == "host"]) == 100
 
 
+def test_at_once_counts_only_time_two_processes_share():
+    def span(pid, tid, ts, dur):
+        return {"ph": "X", "name": "op", "pid": pid, "tid": tid, "ts": ts, "dur": dur}
+
+    # cpu/0 on two threads at once (0-10 and 5-8: one process, once), then 20-30; cpu/1 10-20
+    # and 25-35: the two meet only in 25-30.
+    raw = [span(0, 1, 0, 10), span(0, 2, 5, 3), span(0, 1, 20, 10)]
+    raw += [span(1, 1, 10, 10), span(1, 1, 25, 10)]
+    evs = traces.events(raw)
+    groups = [[e for e in evs if e.process == f"pid {p}"] for p in (0, 1)]
+    assert traces.at_once(groups) == 5
+    torch_like = traces.events(TORCH_LIKE)
+    host_and_gpu = [[e for e in torch_like if e.process == p] for p in ("host", "GPU 0")]
+    assert traces.at_once(host_and_gpu) == 60  # the GPU's 30-90 inside the host's step
+
+
 def test_self_time_subtracts_direct_children_only():
     host = [e for e in traces.events(TORCH_LIKE) if e.process == "host"]
     times = traces.self_times(host)
@@ -83,13 +99,15 @@ def test_summary_of_a_gzipped_trace_and_the_command_line(tmp_path, capsys):
     assert traces.main([str(tmp_path), "--top", "2"]) == 0
     out = capsys.readouterr().out
     first, second = out.split("\n\n")
-    assert first.splitlines()[:3] == [
+    assert first.splitlines()[:4] == [
         "jax-lenet-epoch.json.gz: 6 events over 0.1 ms",  # 0-100 us, the envelope left out
+        "  two or more processes busy at once: 0.1 ms (60% of the span)",
         "  host: busy 0.1 ms (100% of the span)",
         "    main: busy 0.1 ms (100% of the span), 4 events",
     ]
     assert "GPU 0: busy 0.1 ms (60% of the span)" in first
-    assert [line.split()[-1] for line in first.splitlines()[3:5]] == ["step", "conv"]  # top 2
+    assert [line.split()[-1] for line in first.splitlines()[4:6]] == ["step", "conv"]  # top 2
+    assert "at once" not in second  # one process: nothing to share
     assert second.startswith("mxnet-lenet-epoch.json: 2 events over 0.0 ms")
 
 
