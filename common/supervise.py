@@ -336,7 +336,7 @@ class Stops:
 
     def __call__(self) -> str | None:
         now, found = time.monotonic(), dict(self.find())
-        self.since = {p: self.since.get(p, now) for p in stopped(list(found)) if p in found}
+        self.since = {pid: self.since.get(pid, now) for pid in stopped(list(found))}
         for pid, since in self.since.items():
             if now - since >= self.bound:
                 how = f"was stopped (SIGSTOP or SIGTSTP) for {now - since:.0f} s (pid {pid})"

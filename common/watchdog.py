@@ -61,21 +61,24 @@ class Progress:
         self.longest[began] = max(self.longest.get(began, 0.0), now - last)
         self.now = (kind, now)
 
-    def allowed(self) -> float:
-        """The silence allowed to what is under way: the bound, or FACTOR x the longest of its
+    def allowed(self, kind: str | None) -> float:
+        """The silence allowed to `kind` under way: the bound, or FACTOR x the longest of its
         kind (the first of a kind: of any kind); the warm-up, WARM_UP_S."""
-        kind = self.now[0]
         if kind == WARM:
             return max(self.bound, WARM_UP_S)
         seen = self.longest.get(kind) or max(self.longest.values(), default=0.0)
         return max(self.bound, FACTOR * seen)
 
     def _watch(self) -> None:
-        while (silence := time.monotonic() - self.now[1]) <= (limit := self.allowed()):
+        while True:
+            kind, last = self.now
+            silence, limit = time.monotonic() - last, self.allowed(kind)
+            if silence > limit:
+                break
             time.sleep(max(0.05, min(1.0, limit - silence, self.bound / 4)))
         line = (
             f"error: {self.line}: the run has not moved for {round(limit, 1):g} s (--peer-timeout "
-            f"{self.peer:g} s, or {FACTOR} x its longest {self.now[0] or 'step'})"
+            f"{self.peer:g} s, or {FACTOR} x its longest {kind or STEP})"
         )
         if not supervise.note(supervise.ERROR_FILE_ENV, f"1 {line}\n"):
             print(line, file=sys.stderr, flush=True)

@@ -63,7 +63,7 @@ def test_what_each_phase_may_take(monkeypatch):
 
     def after(kind: str, seconds: float) -> float:
         progress.beat(kind)
-        allowed = progress.allowed()
+        allowed = progress.allowed(kind)
         clock[0] += seconds
         return allowed
 
