@@ -12,12 +12,22 @@ from compare.tables import DASH, SHARED, STAR, Table, fmt_stats, time_cell
 
 STRATEGIES = ("single", "model_parallel", "pipeline", "best split", "gpipe", "1f1b")
 BUBBLE_EXPLANATION = (
-    "torch's pipelining engine (`gpipe`, `1f1b`: a process per stage, a core each) at m "
-    "micro-batches: each stage's **measured** busy share of the timed repeats (its CPU time over "
-    "the time), beside **balanced** 1 - (p - 1) / (m + p - 1) and **with imbalance**: the stages' "
-    "micro-batch times in the ratio of their busy shares at m = 1 (one micro-batch: the stages "
-    "take turns), a batch taking the first micro-batch through every stage and m - 1 more slots "
-    "of the slowest, stage s busy m t_s of it. Both are predictions, not measurements."
+    "torch's pipelining engine (`gpipe`, `1f1b`: a process per stage) at m micro-batches. "
+    "**measured**: each stage's busy share of the timed repeats, the seconds the schedule spent "
+    "computing its micro-batches (each forward and backward as the engine runs it) over the wall "
+    "time. **with imbalance**: the schedule played out with each stage's own measured forward "
+    "and backward per micro-batch and nothing else (no link, no engine): each computation starts "
+    "once its stage is free and its input is there, and stage s computes m (f_s + b_s) of that "
+    "span (for GPipe the span is the sum of f_s + b_s plus m - 1 times the slowest forward and "
+    "the slowest backward). **balanced**: 1 - (p - 1) / (m + p - 1), equal stages. The wall "
+    "time is the schedule's span, what the step takes beyond it (the sends and receives, the "
+    "engine's work between spans: the loss, merging, scaling the gradients) and what comes "
+    "outside the step (the optimizer, the repeat's barrier): measured busy = with imbalance x "
+    "the span's share."
+)
+NO_1F1B_BELOW_P = (
+    "1f1b has no run below one micro-batch per stage (m = 1 on two stages): the engine's 1F1B "
+    "needs at least one micro-batch per stage to start."
 )
 
 
@@ -117,33 +127,123 @@ def bubble_fraction(m: int, p: int) -> float:
     return (p - 1) / (m + p - 1)
 
 
-def busy_fractions(m: int, stage_work) -> list[float]:
-    """Each stage's busy share of a batch of m micro-batches through stages whose micro-batch
-    times are in the ratio of `stage_work`: the batch takes the first micro-batch through every
-    stage, then m - 1 slots of the slowest, and stage s works m t_s of it."""
-    span = sum(stage_work) + (m - 1) * max(stage_work)
-    return [m * t / span for t in stage_work]
+def stage_order(strategy: str, m: int, p: int, s: int) -> list[tuple[str, int]]:
+    """Stage s's computations in the order torch's engine runs them, ("F" or "B", micro-batch):
+    GPipe all forwards, then all backwards; 1F1B p - s forwards, then a backward and a forward
+    in turn, then the backwards left."""
+    if strategy == "gpipe":
+        return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+    warm = min(m, p - s)
+    order = [("F", i) for i in range(warm)]
+    for i in range(m):
+        order += [("B", i)] + ([("F", warm + i)] if warm + i < m else [])
+    return order
+
+
+def schedule_span(strategy: str, m: int, forward: list[float], backward: list[float]) -> float:
+    """The time m micro-batches take through stages that spend forward[s] and backward[s] on
+    each, and nothing else: each computation starts once its stage is free and its input is
+    there (a forward: the stage before's forward of the micro-batch; a backward: the stage
+    after's backward)."""
+    p = len(forward)
+    orders = [stage_order(strategy, m, p, s) for s in range(p)]
+    end: dict[tuple[str, int, int], float] = {}
+    free, at = [0.0] * p, [0] * p
+    while any(at[s] < len(orders[s]) for s in range(p)):
+        moved = False
+        for s in range(p):
+            while at[s] < len(orders[s]):
+                kind, i = orders[s][at[s]]
+                edge = s == 0 if kind == "F" else s == p - 1
+                needs = (kind, s - 1 if kind == "F" else s + 1, i)
+                if not edge and needs not in end:
+                    break
+                start = max(free[s], 0.0 if edge else end[needs])
+                free[s] = end[(kind, s, i)] = start + (forward if kind == "F" else backward)[s]
+                at[s], moved = at[s] + 1, True
+        if not moved:
+            raise ValueError(f"{strategy} at m = {m} waits on itself")
+    return max(free)
+
+
+def predicted_busy(strategy: str, m: int, forward: list[float], backward: list[float]):
+    """Each stage's busy share of `schedule_span`: m (f_s + b_s) over the span."""
+    span = schedule_span(strategy, m, forward, backward)
+    return [m * (f + b) / span for f, b in zip(forward, backward, strict=True)]
+
+
+@dataclass(frozen=True)
+class Bubble:
+    """One gpipe or 1f1b record's stage spans (torch_impl/pipelining.py, `stage_spans`)."""
+
+    strategy: str
+    m: int
+    entry: Entry
+    forward: list[float]  # seconds per micro-batch, per stage
+    backward: list[float]
+    busy: list[float]  # measured: compute spans over the wall time
+    span: float  # the schedule's span over the timed repeats, predicted from forward, backward
+    step: float  # seconds in the schedule's step (the longest stage's)
+    wall: float  # seconds of the timed repeats (the longest stage's: they end at one barrier)
+
+
+def bubble_of(e: Entry) -> Bubble | None:
+    """The record's stage spans, or None without them. Records of the stages' CPU time
+    (`stage_busy`, made before the spans) are not read: CPU time counts gloo's polling and
+    leaves out what a stage waits for inside its computation, so it is no schedule's busy time."""
+    r, spans = e.rec, e.extra.get("stage_spans")
+    if r.strategy not in ("gpipe", "1f1b") or not r.split_size or not isinstance(spans, list):
+        return None
+    keys = ("forward", "backward", "step", "wall", "micro_batches")
+    if len(spans) < 2 or not all(isinstance(x, dict) and _numbers(x, keys) for x in spans):
+        return None
+    m, count = micro_batches(r.batch_size, r.split_size), spans[0]["micro_batches"]
+    if count <= 0 or count % m or any(x["micro_batches"] != count for x in spans):
+        return None
+    forward = [x["forward"] / count for x in spans]
+    backward = [x["backward"] / count for x in spans]
+    wall = max(x["wall"] for x in spans)
+    busy = [(x["forward"] + x["backward"]) / wall for x in spans]
+    span = count // m * schedule_span(r.strategy, m, forward, backward)
+    step = max(x["step"] for x in spans)
+    return Bubble(r.strategy, m, e, forward, backward, busy, span, step, wall)
+
+
+def _numbers(x: dict, keys) -> bool:
+    return all(type(x.get(k)) in (int, float) and x[k] >= 0 for k in keys) and x["wall"] > 0
 
 
 def bubble_table(entries: list[Entry]) -> Table | None:
-    """gpipe and 1f1b records that carry their stages' busy shares, a row per strategy and
-    micro-batch count (the newest), against the two formulas; None without two counts."""
-    runs: dict[tuple[str, int], Entry] = {}
+    """gpipe and 1f1b records that carry their stages' compute spans, a row per strategy and
+    micro-batch count (the newest), beside the schedule with the stages' imbalance and with
+    balanced stages; None without two counts."""
+    runs: dict[tuple[str, int], Bubble] = {}
     for e in sorted(entries, key=lambda e: (e.time, e.order)):
-        r, busy = e.rec, e.extra.get("stage_busy")
-        if r.strategy in ("gpipe", "1f1b") and isinstance(busy, list) and r.split_size:
-            runs[(r.strategy, micro_batches(r.batch_size, r.split_size))] = e
+        if (b := bubble_of(e)) is not None:
+            runs[(b.strategy, b.m)] = b
     if len({m for _, m in runs}) < 2:
         return None
-    one = runs.get(("gpipe", 1))  # its stages take turns: their work in the ratio of their shares
-    work = one.extra["stage_busy"] if one is not None else None
+
+    def each(values, form="{:.2f}") -> str:
+        return " / ".join(form.format(v) for v in values)
+
     body = []
-    for (strategy, m), e in sorted(runs.items()):
-        busy = e.extra["stage_busy"]
-        shares = [busy, None if work is None else busy_fractions(m, work)]
-        shown = [DASH if x is None else " / ".join(f"{b:.2f}" for b in x) for x in shares]
-        balanced = f"{1 - bubble_fraction(m, len(busy)):.2f}"
-        body.append([strategy, str(m), str(e.rec.split_size), *shown, balanced, cell(e, False)])
-    headers = ["strategy", "micro-batches m", "split size", "measured busy (stage 0 / 1 ...)"]
-    headers += ["with imbalance", "balanced", "seconds"]
-    return Table("resnet50: the pipeline's bubble", headers, body)
+    for (strategy, m), b in sorted(runs.items()):
+        p = len(b.busy)
+        predicted = predicted_busy(strategy, m, b.forward, b.backward)
+        compute = [1e3 * (f + g) for f, g in zip(b.forward, b.backward, strict=True)]
+        shares = (b.span, b.step - b.span, b.wall - b.step)
+        body.append(
+            [strategy, str(m), str(b.entry.rec.split_size), each(b.busy), each(predicted)]
+            + [f"{1 - bubble_fraction(m, p):.2f}", each(compute, "{:.0f}")]
+            + [f"{x / b.wall:.2f}" for x in shares]
+        )
+    headers = ["strategy", "micro-batches m", "split size", "busy, measured (stage 0 / 1 ...)"]
+    headers += ["busy, with imbalance", "busy, balanced", "compute per micro-batch, ms"]
+    headers += [
+        "wall: the schedule's span",
+        "wall: in the step beyond it",
+        "wall: outside the step",
+    ]
+    notes = [NO_1F1B_BELOW_P] if any(s == "1f1b" for s, _ in runs) else []
+    return Table("resnet50: the pipeline's bubble", headers, body, notes)

@@ -9,6 +9,7 @@ import json
 import os
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -66,23 +67,21 @@ def worker(hooks, stage_of, make_data):
     joined = launch.join(plan)  # left as the worker ends (guard.worker_main)
     rank, world, device = joined.rank, joined.size, joined.devices[0]
     stage_module = stage_of(cfg, rank, world, device)
-    schedule = _schedule(spec, cfg, stage_module, rank, world, device)
+    spans = Spans(device)
+    schedule = _schedule(spec, cfg, stage_module, rank, world, device, spans)
     trace = profiling.tracer_at(hooks, spec["profile"], "resnet50", spec["strategy"], rank)
     inputs, labels = make_data(cfg, [device])
-    timer, losses, busy = _run(schedule, stage_module, cfg, (inputs, labels), rank, world, trace)
-    stage_params, stage_busy = [None] * world, [None] * world
+    timer, losses = _run(schedule, stage_module, cfg, (inputs, labels), rank, world, spans, trace)
+    stage_params, stage_spans = [None] * world, [None] * world
     dist.all_gather_object(stage_params, sum(p.numel() for p in stage_module.parameters()))
-    dist.all_gather_object(stage_busy, None if spec["gpu"] else busy / sum(timer.times))
+    dist.all_gather_object(stage_spans, spans.totals() | {"wall": sum(timer.times)})
     if rank == world - 1:
         n_micro = cfg.batch_size // spec["split_size"]
         extra = {"num_stages": world, "stage_params": stage_params}
-        # On a CPU, the share of the timed repeats each stage computed (its CPU time over the
-        # wall time and its threads) beside GPipe's bubble (p - 1) / (m + p - 1): the rest of a
-        # stage's time it waited, for its peer or for the link.
-        extra |= {
-            "stage_busy": stage_busy,
-            "bubble_formula": (world - 1) / (n_micro + world - 1),
-        }
+        # Each stage's seconds of the timed repeats: computing (its micro-batches' forwards and
+        # backwards), in the schedule's step, and in all (wall), beside GPipe's bubble
+        # (p - 1) / (m + p - 1); compare/resnet50.py sets the busy shares beside the schedule.
+        extra |= {"stage_spans": stage_spans, "bubble_formula": (world - 1) / (n_micro + world - 1)}
         extra |= {"n_microbatches": n_micro}
         extra |= {"engine": "torch.distributed.pipelining", "backend": dist.get_backend()}
         out = {"times": timer.times, "warmup_times": timer.warmup_times, "extra": extra}
@@ -90,12 +89,69 @@ def worker(hooks, stage_of, make_data):
         Path(spec["out"]).write_text(json.dumps(out))
 
 
-def _schedule(spec, cfg, stage_module, rank, world, device):
+class Spans:
+    """The seconds one stage spends in each kind of span ("forward", "backward", "step"), summed
+    over the timed repeats, and its micro-batches (forwards) there. On a GPU a span is a pair of
+    CUDA events on the stage's stream, read after the repeat's barrier: synchronising around
+    each span would also wait for the sends the engine has in flight, which wait for the peer."""
+
+    KINDS = ("forward", "backward", "step")
+
+    def __init__(self, device: torch.device):
+        self.device, self.pending = device, []
+        self.seconds, self.forwards = dict.fromkeys(self.KINDS, 0.0), 0
+
+    @contextmanager
+    def span(self, kind: str):
+        begin = self.mark()
+        yield
+        self.pending.append((kind, begin, self.mark()))
+
+    def mark(self):
+        """Now: the clock, or on a GPU an event on the stage's stream, timed as work reaches it."""
+        if self.device.type != "cuda":
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(self.device))
+        return event
+
+    def close_repeat(self, timed: bool) -> None:
+        """After a repeat's barrier: add its spans if it was timed, else drop them."""
+        for kind, begin, end in self.pending if timed else ():
+            cuda = isinstance(begin, torch.cuda.Event)
+            self.seconds[kind] += begin.elapsed_time(end) / 1e3 if cuda else end - begin
+            self.forwards += kind == "forward"
+        self.pending.clear()
+
+    def totals(self) -> dict:
+        return self.seconds | {"micro_batches": self.forwards}
+
+
+def timed_stage(stage_module, rank, world, device, spans: Spans):
+    """This rank's PipelineStage, with each micro-batch's forward and backward timed as the
+    schedule runs them (`forward_one_chunk`, `backward_one_chunk`: after the engine has waited
+    for the input, before it sends the result). Not module hooks: stage 0's images need no
+    gradient, so a full backward hook on it fires as its backward begins, not as it ends."""
+    from torch.distributed.pipelining import PipelineStage
+
+    class TimedStage(PipelineStage):
+        def forward_one_chunk(self, *args, **kwargs):
+            with spans.span("forward"):
+                return super().forward_one_chunk(*args, **kwargs)
+
+        def backward_one_chunk(self, *args, **kwargs):
+            with spans.span("backward"):
+                return super().backward_one_chunk(*args, **kwargs)
+
+    return TimedStage(stage_module, rank, world, device)
+
+
+def _schedule(spec, cfg, stage_module, rank, world, device, spans):
     """This rank's stage in the engine's schedule (GPipe or 1F1B)."""
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 
     stage_module.train(spec["train_bn"])
-    stage = PipelineStage(stage_module, rank, world, device)
+    stage = timed_stage(stage_module, rank, world, device, spans)
     schedule_cls = ScheduleGPipe if spec["strategy"] == "gpipe" else Schedule1F1B
     # Mean loss per micro-batch and gradients divided by their number (scale_grads): with equal
     # micro-batches that is the whole batch's mean, as in resnet50's `train`.
@@ -103,10 +159,10 @@ def _schedule(spec, cfg, stage_module, rank, world, device):
     return schedule_cls(stage, n_microbatches=n_micro, loss_fn=nn.MSELoss())
 
 
-def _run(schedule, stage_module, cfg, data, rank, world, trace=None):
-    """resnet50's `train` loop with the schedule's step: rank 0 feeds the inputs, the last rank
-    the labels (and gets the micro-batches' losses). `trace`: --profile's, this rank's. Also
-    returns the CPU seconds per thread this rank computed in the timed repeats."""
+def _run(schedule, stage_module, cfg, data, rank, world, spans, trace=None):
+    """resnet50's `train` loop with the schedule's step: the first stage feeds the inputs, the
+    last the labels (and gets the micro-batches' losses). `spans`: this stage's, each step one.
+    `trace`: --profile's, this rank's."""
     optimizer = optim.SGD(stage_module.parameters(), lr=cfg.lr)
     inputs, labels = data
     device = inputs.device
@@ -115,21 +171,19 @@ def _run(schedule, stage_module, cfg, data, rank, world, trace=None):
         tdev.sync([device])
         dist.barrier()
 
-    timer, losses, busy = timing.Timer(barrier, warmup=cfg.warmup, trace=trace), [], 0.0
+    timer, losses = timing.Timer(barrier, warmup=cfg.warmup, trace=trace), []
     for repeat in range(cfg.warmup + cfg.repeats):
-        begun = time.process_time()  # every thread of this process: its computing
         with timer.region():
             for b in range(cfg.num_batches):
                 optimizer.zero_grad()
-                micro_losses = []
-                if rank == 0:
-                    schedule.step(inputs[b])
-                elif rank == world - 1:
-                    schedule.step(target=labels[b], losses=micro_losses)
-                    losses.append(torch.stack(micro_losses).mean().detach())
-                else:
-                    schedule.step()
+                first = (inputs[b],) if rank == 0 else ()
+                with spans.span("step"):
+                    if rank == world - 1:
+                        micro_losses = []
+                        schedule.step(*first, target=labels[b], losses=micro_losses)
+                        losses.append(torch.stack(micro_losses).mean().detach())
+                    else:
+                        schedule.step(*first)
                 optimizer.step()
-        if repeat >= cfg.warmup:
-            busy += (time.process_time() - begun) / torch.get_num_threads()
-    return timer, losses, busy
+        spans.close_repeat(timed=repeat >= cfg.warmup)
+    return timer, losses

@@ -293,10 +293,11 @@ def _single_losses(cfg, dtype, moved=False):
 @pytest.mark.parametrize("strategy", ["gpipe", "1f1b"])
 def test_pipelining_engine_matches_single(strategy):
     """Two processes exchanging activations over gloo (float32, the engine has no float64 mode)
-    against single in float64, step after step, with rule 2. With BatchNorm on running
-    statistics micro-batches change nothing but rounding. The second loss follows the first
-    step's gradient, which jumps at ReLU kinks; at lr 0.001 such a jump moves that loss by
-    about lr * |g| * |jump| / loss, below 1e-9 here: far inside the limit."""
+    against single in float64, step after step, with rule 2; each stage's compute spans within
+    its step, its step within the wall time. With BatchNorm on running statistics micro-batches
+    change nothing but rounding. The second loss follows the first step's gradient, which jumps
+    at ReLU kinks; at lr 0.001 such a jump moves that loss by about lr * |g| * |jump| / loss,
+    below 1e-9 here: far inside the limit."""
     cfg = dataclasses.replace(smoke_cfg(image_size=32), num_batches=2, warmup=0)
     repeats = harness.Repeats(cfg, (2,))
     extra = pipelining.launch_stages(cfg, DEVS[:1] * 2, strategy, repeats, train_bn=False)
@@ -308,3 +309,6 @@ def test_pipelining_engine_matches_single(strategy):
         name = f"torch resnet50 {strategy} loss {step + 1}"
         numerics.check_float32(name, got, exact, sensitivity, 2 * gen.STAGES, gen.REDUCTION)
     assert extra["stage_params"] == [1_444_928, 24_112_104]
+    for spans in extra["stage_spans"]:  # each stage computed every micro-batch it was timed on
+        assert spans["micro_batches"] == cfg.repeats * cfg.num_batches * BATCH // 2, spans
+        assert 0 < spans["forward"] + spans["backward"] <= spans["step"] <= spans["wall"], spans
