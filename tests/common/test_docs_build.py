@@ -124,11 +124,13 @@ def hostile(url: str) -> dict:
 
 
 def test_record_strings_reach_the_page_as_text(tmp_path):
-    fields = hostile("http://127.0.0.1:9")
+    """In the speed table, and in the accuracy table, its curves' alternative text and numbers."""
+    fields = hostile("http://127.0.0.1:9") | {"test_acc_per_epoch": [0.5]}
     records = write_records(
         tmp_path / "r.jsonl", record(1, 8.0, **fields), record(2, 5.0, **fields)
     )
-    assert docs_build.build(site_config(tmp_path, table(records)), tmp_path / "site") == []
+    page = f"{table(records)}\n\n{accuracy(records)}"
+    assert docs_build.build(site_config(tmp_path, page), tmp_path / "site") == []
     page = (tmp_path / "site" / "lessons" / "resnet18.html").read_text()
     assert "<script>fetch" not in page and "<img src=x" not in page
     assert 'href="javascript:' not in page
@@ -168,6 +170,7 @@ def plant_binary(path: Path) -> None:
         ('--8<-- "torch_impl/no_such_file.py:ddp"', None, "cannot read torch_impl/no_such_file"),
         ('--8<-- "torch_impl/resnet18.py:ResNet18.nope"', None, "defines no ResNet18.nope"),
         ('--8<-- "{path}:no_such_workload"', None, "has no no_such_workload runs on 1 and 2"),
+        ('--8<-- "{path}:resnet18:accuracy"', None, "has no resnet18 runs on 1 or 2 devices test"),
         ("{moved}", None, "moved.jsonl: no such results file"),
         ("{records}", plant_bad_line, "r.jsonl:3: bad results line (Expecting value"),
         ("{records}", plant_binary, "r.jsonl:3: bad results line (not UTF-8 text"),
@@ -179,6 +182,7 @@ def plant_binary(path: Path) -> None:
         "source",
         "method",
         "workload",
+        "untested",
         "records-moved",
         "bad-line",
         "binary",
@@ -213,11 +217,16 @@ def test_quiet_does_not_hide_a_broken_page(tmp_path):
     assert "torch_impl/lenet.py defines no nonexistent" in done.stderr
 
 
-def rows(page: Path) -> list[list[str]]:
+def rows(page: Path | str) -> list[list[str]]:
     """The cells of each row of the page's table, as text."""
-    found = re.findall(r"<tr>(.*?)</tr>", page.read_text(), re.S)
+    found = re.findall(r"<tr>(.*?)</tr>", page if isinstance(page, str) else page.read_text(), re.S)
     cells = [re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", row, re.S) for row in found]
     return [[html.unescape(re.sub(r"<[^>]+>", "", c)).strip() for c in row] for row in cells]
+
+
+def tables(page: Path) -> list[list[list[str]]]:
+    """The rows of each of the page's tables."""
+    return [rows(t) for t in re.findall(r"<table>.*?</table>", page.read_text(), re.S)]
 
 
 def test_the_table_draws_clean_commits_the_newest_record_per_cell_and_medians(tmp_path, capsys):
@@ -241,6 +250,91 @@ def test_the_table_draws_clean_commits_the_newest_record_per_cell_and_medians(tm
     assert shown["torch ddp"][3:6] == ["8", "5", "1.60x"], shown
     assert shown["jax sharding+sync-bn"][3:6] == ["6", "4", "1.50x"], shown
     assert "dirty" not in page.read_text()
+
+
+def trained(devices: int, accs: list[float], **kw) -> dict:
+    """A resnet18 record tested after each of its epochs, `accs`."""
+    fields = dict(test_acc=accs[-1], test_acc_per_epoch=accs, epochs=len(accs))
+    return record(devices, 8.0 / devices, **(fields | kw))
+
+
+ON_A_GPU = {  # a GPU's run: its hardware, the full preset, no core of its own per device
+    "platform": "gpu",
+    "preset": "full",
+    "device_names": ["Test GPU"],
+    "hardware": {"gpus": [{"name": "Test GPU"}]},
+    "extra": {"cores_per_device": None},
+}
+JAX = {"framework": "jax", "strategy": "sharding", "versions": {"jax": "0.5"}}
+
+
+def accuracy(*paths: Path) -> str:
+    return f'--8<-- "{",".join(map(str, paths))}:resnet18:accuracy"'
+
+
+def build_learning(tmp_path: Path, capsys, name: str, *paths: Path) -> tuple[Path, bytes]:
+    """The page of `paths`' accuracy table and curves, built into a site of its own; the
+    picture's bytes."""
+    code, _, err = make_docs(site_config(tmp_path, accuracy(*paths)), tmp_path / name, capsys)
+    assert code == 0, err
+    page = tmp_path / name / "lessons" / "resnet18.html"
+    src = re.search(r'<img src="([^"]+)" alt="([^"]*)"', page.read_text())
+    assert src and "torch ddp, 2 devices" in html.unescape(src[2]), "no picture, or no alt text"
+    return page, (page.parent / src[1]).read_bytes()
+
+
+def test_the_accuracy_and_its_curves_come_from_the_records(tmp_path, capsys):
+    """Each run's accuracy on 1 and 2 devices, a column per records file, and the curves of
+    every epoch: drawn by the tables' rule (a -dirty record is not drawn), from the records
+    (a record changed, the table and the picture change), at chance labelled so."""
+    later = {"timestamp": "2026-02-01T00:00:00+00:00"}
+    dirty = trained(2, [0.9, 0.95, 0.99], git_commit="0123456789ab-dirty", **later)
+    clean = [trained(1, [0.3, 0.5, 0.7]), trained(2, [0.3, 0.55, 0.72])]
+    gluon = 'gluon"><b>x</b>'  # a record's string, which no attribute or tag may take in
+    chance = trained(1, [0.1, 0.11, 0.12], framework="mxnet", strategy=gluon)
+    gpu = write_records(tmp_path / "gpu.jsonl", trained(1, [0.6, 0.8], **JAX, **ON_A_GPU))
+    cpu = write_records(tmp_path / "cpu.jsonl", *clean, dirty, chance)
+    page, picture = build_learning(tmp_path, capsys, "site", cpu, gpu)
+    (head, *accs), *epochs = tables(page)  # the curves' numbers: a table per file
+    assert head[1:] == ["Test CPU, 2 corespreset cpu, 3 epochs", "Test GPUpreset full, 2 epochs"]
+    assert accs == [
+        ["torch ddp", "0.700 / 0.720", "–"],
+        ["jax sharding", "–", "0.800 / –"],
+        [f"mxnet {gluon}", "0.120 (chance) / –", "–"],
+    ]
+    assert epochs == [
+        [
+            ["run", "devices", "1", "2", "3"],
+            ["torch ddp", "1", "0.300", "0.500", "0.700"],
+            ["torch ddp", "2", "0.300", "0.550", "0.720"],
+            [f"mxnet {gluon}", "1", "0.100", "0.110", "0.120"],
+        ],
+        [["run", "devices", "1", "2"], ["jax sharding", "1", "0.600", "0.800"]],
+    ]
+    assert "dirty" not in page.read_text() and "0.990" not in page.read_text()
+    assert "<b>x" not in page.read_text()
+
+    write_records(cpu, *clean, chance)  # the dirty record gone: the same picture
+    same = build_learning(tmp_path, capsys, "clean", cpu, gpu)[1] == picture
+    assert same, "the picture drew the -dirty record"
+    write_records(cpu, clean[0], trained(2, [0.3, 0.6, 0.72]), dirty, chance)
+    page, changed = build_learning(tmp_path, capsys, "changed", cpu, gpu)
+    assert changed != picture, "the picture is not drawn from the records"
+    assert ["torch ddp", "2", "0.300", "0.600", "0.720"] in tables(page)[1]
+
+
+@pytest.mark.parametrize("acc, shown", [(0.12, False), (0.5, True)], ids=["chance", "learnt"])
+def test_an_accuracy_at_chance_is_left_out_of_the_speed_table(tmp_path, capsys, acc, shown):
+    records = write_records(
+        tmp_path / "r.jsonl", record(1, 8.0, test_acc=acc), record(2, 5.0, test_acc=0.11)
+    )
+    code, _, err = make_docs(site_config(tmp_path, table(records)), tmp_path / "site", capsys)
+    assert code == 0, err
+    page = tmp_path / "site" / "lessons" / "resnet18.html"
+    head, row = rows(page)[:2]
+    assert ("test accuracy, 1 / 2 devices" in head) == shown, head
+    assert (f"{acc:.3f} / 0.110 (chance)" in row) == shown, row
+    assert ("every run's is at chance" in page.read_text()) != shown
 
 
 @CHROMIUM

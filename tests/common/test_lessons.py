@@ -70,3 +70,16 @@ def test_each_lesson_shows_the_definitions_it_names_and_the_results(site, worklo
             assert f"def {last}(" in shown or f"class {last}" in shown, (match["path"], name)
     assert "--8<--" not in shown
     assert "speedup" in shown and "cores per device" in shown  # the results table
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workload", ["lenet", "resnet18"])
+def test_each_trained_lesson_shows_its_accuracy_and_curves(site, workload):
+    """What you should see: the trained runs' test accuracy on 1 and 2 devices and their curves,
+    a picture written into the site (not into the checkout) with its alternative text."""
+    page = (site / "lessons" / f"{workload}.html").read_text()
+    shown = page.partition('id="what-you-should-see"')[2]
+    assert "test accuracy, 1 / 2 devices" in shown
+    picture = re.search(r'<img src="([^"]+)" alt="Test accuracy after each epoch', shown)
+    assert picture and (site / "lessons" / picture[1]).is_file(), picture
+    assert not (ROOT / "docs" / "lessons" / picture[1]).exists()
