@@ -9,7 +9,9 @@ before each all-reduce (`beating`); each beat says what begins (`kind`). What be
 `--peer-timeout` seconds (default 45, and a margin), or FACTOR times the longest of its kind so
 far, whichever is longer; the first of a kind, FACTOR times the longest of any kind (the first
 timed step, the warm-up's step: its compile included). The warm-up compiles (XLA,
-TorchInductor), which can take minutes on a CPU: it has WARM_UP_S. After the record the bound
+TorchInductor), which can take minutes on a CPU: it has WARM_UP_S. And a process that computes
+all the while (its CPU time grows: a compile, a step on a crowded machine) is moving, however
+long it takes; one that waits for a peer that is gone waits idle. After the record the bound
 still holds: the exit barrier, where every process waits for the others, is bounded too.
 Framework-free; one per process.
 """
@@ -31,6 +33,7 @@ WARM_UP_S = 600  # the bound until the first timed step: compilations
 # A step may take this many times the longest one seen: a shared machine's speed drifts by tens
 # of percent within minutes, and a neighbour's work can halve it twice.
 FACTOR = 4
+BUSY = 0.25  # of a core: a process computing at least this much is not waiting for a peer
 WARM, STEP, EVAL, END = "warm-up", "step", "evaluation", "record"  # what a beat begins
 LOST = "lost another process of the run, or the link to it"
 
@@ -70,12 +73,16 @@ class Progress:
         return max(self.bound, FACTOR * seen)
 
     def _watch(self) -> None:
+        looked = (time.monotonic(), time.process_time())
         while True:
             kind, last = self.now
-            silence, limit = time.monotonic() - last, self.allowed(kind)
-            if silence > limit:
+            now, cpu = time.monotonic(), time.process_time()
+            silence, limit = now - last, self.allowed(kind)
+            computing = cpu - looked[1] >= BUSY * (now - looked[0])  # since the last look
+            if silence > limit and not computing:
                 break
-            time.sleep(max(0.05, min(1.0, limit - silence, self.bound / 4)))
+            looked = (now, cpu)
+            time.sleep(min(1.0, max(0.5, self.bound / 4)))  # CPU time: over half a second
         line = (
             f"error: {self.line}: the run has not moved for {round(limit, 1):g} s (--peer-timeout "
             f"{self.peer:g} s, or {FACTOR} x its longest {kind or STEP})"

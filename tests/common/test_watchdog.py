@@ -39,6 +39,20 @@ def test_slow_steps_compiles_and_evaluations_are_not_a_lost_peer():
     assert (done.returncode, done.stderr) == (0, "")
 
 
+def test_a_process_that_computes_all_the_while_is_moving():
+    """A step that computes for 3 s, past FACTOR x the longest so far (0.2 s) and the bound:
+    its CPU time grows (a compile, a step on a crowded machine), so the run moves."""
+    done = run(
+        "phase(watchdog.STEP, 0.2)\n"
+        "progress.beat(watchdog.STEP)\n"
+        "end = time.monotonic() + 3\n"
+        "while time.monotonic() < end:\n"
+        "    sum(range(10000))\n"
+        "phase(watchdog.END, 0.1)\n"
+    )
+    assert (done.returncode, done.stderr) == (0, "")
+
+
 def test_a_run_that_stops_moving_ends_in_one_line():
     """Steps of 0.3 s, then silence: the process ends by itself past FACTOR x 0.3 s (or the
     bound), in one line, exit 1."""
