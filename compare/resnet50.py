@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from compare import tables
+from common import results
+from compare import render, tables
 from compare.records import Entry, LeftOut, platform_text, rank
 from compare.tables import DASH, SHARED, STAR, Table, fmt_stats, time_cell
 
@@ -23,11 +24,12 @@ BUBBLE_EXPLANATION = (
     "time is the schedule's span, what the step takes beyond it (the sends and receives, the "
     "engine's work between spans: the loss, merging, scaling the gradients) and what comes "
     "outside the step (the optimizer, the repeat's barrier): measured busy = with imbalance x "
-    "the span's share."
+    "the span's share. The span is played out with the stages' mean times: where their times "
+    "vary, the step may take a little less."
 )
 NO_1F1B_BELOW_P = (
-    "1f1b has no run below one micro-batch per stage (m = 1 on two stages): the engine's 1F1B "
-    "needs at least one micro-batch per stage to start."
+    "No 1f1b row with fewer micro-batches than stages (m = 1 on two): the engine's 1F1B needs at "
+    "least one micro-batch per stage."
 )
 
 
@@ -213,14 +215,20 @@ def _numbers(x: dict, keys) -> bool:
     return all(type(x.get(k)) in (int, float) and x[k] >= 0 for k in keys) and x["wall"] > 0
 
 
-def bubble_table(entries: list[Entry]) -> Table | None:
-    """gpipe and 1f1b records that carry their stages' compute spans, a row per strategy and
-    micro-batch count (the newest), beside the schedule with the stages' imbalance and with
-    balanced stages; None without two counts."""
+def bubble_runs(entries: list[Entry]) -> dict[tuple[str, int], Bubble]:
+    """The newest record with stage spans of each strategy and micro-batch count."""
     runs: dict[tuple[str, int], Bubble] = {}
     for e in sorted(entries, key=lambda e: (e.time, e.order)):
         if (b := bubble_of(e)) is not None:
             runs[(b.strategy, b.m)] = b
+    return dict(sorted(runs.items(), key=lambda kv: (kv[0][0] != "gpipe", kv[0][1])))
+
+
+def bubble_table(entries: list[Entry]) -> Table | None:
+    """gpipe and 1f1b records that carry their stages' compute spans, a row per strategy and
+    micro-batch count (the newest), beside the schedule with the stages' imbalance and with
+    balanced stages; None without two counts."""
+    runs = bubble_runs(entries)
     if len({m for _, m in runs}) < 2:
         return None
 
@@ -228,7 +236,7 @@ def bubble_table(entries: list[Entry]) -> Table | None:
         return " / ".join(form.format(v) for v in values)
 
     body = []
-    for (strategy, m), b in sorted(runs.items()):
+    for (strategy, m), b in runs.items():
         p = len(b.busy)
         predicted = predicted_busy(strategy, m, b.forward, b.backward)
         compute = [1e3 * (f + g) for f, g in zip(b.forward, b.backward, strict=True)]
@@ -247,3 +255,20 @@ def bubble_table(entries: list[Entry]) -> Table | None:
     ]
     notes = [NO_1F1B_BELOW_P] if any(s == "1f1b" for s, _ in runs) else []
     return Table("resnet50: the pipeline's bubble", headers, body, notes)
+
+
+def bubble_markdown(entries: list[Entry], source: str) -> str | None:
+    """The bubble table as a page shows it (the docs hook), and where its records come from."""
+    table = bubble_table(entries)
+    if table is None:
+        return None
+    shown = [b.entry.rec for b in bubble_runs(entries).values()]
+    hw, first = shown[0].hardware, shown[0]
+    versions = ", ".join(dict.fromkeys(f"torch {r.versions.get('torch')}" for r in shown))
+    commits = ", ".join(dict.fromkeys(results.short_commit(r.git_commit) for r in shown))
+    where = (
+        f"{hw.get('cpu')} ({hw.get('cpu_isa')}), {hw.get('cpu_count')} cores, preset "
+        f"{first.preset}, {first.extra.get('num_batches')} batches a repeat; {versions}; commit "
+        f"{commits}; shares of the timed repeats' wall time, each stage's spans summed over them."
+    )
+    return f"{render.markdown_table(table)}\n\n`{source}`: {render.escape(where)}"

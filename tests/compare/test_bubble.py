@@ -3,11 +3,15 @@ compute gives back GPipe's (p - 1) / (m + p - 1) on balanced stages and its know
 unbalanced ones; the table reads each record's compute spans (not the CPU time older records
 carry) and splits the wall time into the schedule's span, the step beyond it and the rest."""
 
+import dataclasses
+import json
+
 import pytest
 
 from compare import resnet50
 from compare.records import Entry
 from tests.compare import fixture_records
+from tools import docs_hook
 
 GPIPE_1F1B = [("gpipe", m) for m in (1, 2, 4, 8)] + [("1f1b", m) for m in (2, 4, 8)]
 
@@ -110,3 +114,28 @@ def test_records_of_cpu_time_only_make_no_table():
     make, old = fixture_records.resnet50, {"stage_busy": [0.4, 0.6]}
     records = [make("torch", "gpipe", 2.5, i, split=s, extra=old) for i, s in enumerate((12, 6))]
     assert resnet50.bubble_table([Entry(r, "r.jsonl", i) for i, r in enumerate(records)]) is None
+
+
+def write(path, recs) -> str:
+    path.write_text("".join(json.dumps(r.to_dict()) + "\n" for r in recs))
+    return str(path)
+
+
+def test_the_page_draws_the_bubble_from_the_newest_clean_records(tmp_path):
+    """The docs hook's table (`--8<-- "FILE:resnet50:bubble"`): the report's rule (clean
+    commits, the newest per cell) and the file, machine and commit it comes from."""
+    spans = {"stage_spans": [stage(5.0, 0.0, 5.0, 5.0, 2)] * 2}
+    dirty = fixture_records.resnet50("torch", "gpipe", 2.5, 9, split=24, extra=spans)
+    dirty = dataclasses.replace(dirty, git_commit="0123456789ab-dirty")  # newer, but dirty
+    path = write(tmp_path / "r.jsonl", [*bubble_records(), dirty])
+    text = docs_hook._bubble(path)
+    row = next(line for line in text.splitlines() if line.startswith("| gpipe | 1 |"))
+    assert "| 0.24 / 0.36 | 0.40 / 0.60 | 0.50 |" in row, row
+    assert f"`{path}`: Fixture CPU" in text and "commit " in text and "dirty" not in text
+
+
+def test_a_page_of_records_without_spans_fails_in_one_line(tmp_path):
+    make, old = fixture_records.resnet50, {"stage_busy": [0.4, 0.6]}
+    path = write(tmp_path / "r.jsonl", [make("torch", "gpipe", 2.5, 1, split=12, extra=old)])
+    with pytest.raises(LookupError, match="no gpipe or 1f1b runs with their stages' spans"):
+        docs_hook._bubble(path)
