@@ -109,9 +109,10 @@ def check(args) -> None:
     if not (math.isfinite(args.timeout) and args.timeout > 0):
         raise config.ConfigError(f"--timeout must be a number of seconds > 0, got {args.timeout}")
     checks.check_seconds("--peer-timeout", args.peer_timeout)
-    if max(args.nodes) > 1:  # each link carries a step's gradient within the nodes' bound
-        gradient, ranks = flops.gradient_bytes("resnet18"), max(args.nodes) * args.gpus_per_node
-        check_links(args.links, gradient, ranks, args.peer_timeout, "a resnet18 step's gradient")
+    nodes = max(args.nodes)  # each link carries a step's gradient within the nodes' bound
+    ranks = nodes * args.gpus_per_node if nodes > 1 else 1  # one node's crosses no link
+    gradient = flops.gradient_bytes("resnet18")
+    check_links(args.links, gradient, ranks, args.peer_timeout, "a resnet18 step's gradient")
     if min(args.nodes) < 1 or args.gpus_per_node < 1 or args.cores_per_device < 1:
         raise config.ConfigError("--nodes, --gpus-per-node and --cores-per-device must be >= 1")
     wanted = max(args.nodes) * args.gpus_per_node * args.cores_per_device

@@ -234,6 +234,7 @@ def test_without_cap_net_admin_the_cluster_says_so_in_one_line(monkeypatch, caps
     "argv, said",
     [
         (["--links", "fast"], "link rate 'fast': give unlimited or a rate such as"),
+        (["--nodes", "1", "--links", "fast"], "link rate 'fast': give unlimited or a rate such"),
         (["--links", "99999999999gbit"], "give a rate from 8kbit to 1000gbit"),
         (["--links", "0.000000001kbit"], "give a rate from 8kbit to 1000gbit"),
         (["--timeout", "nan"], "--timeout must be a number of seconds > 0, got nan"),
