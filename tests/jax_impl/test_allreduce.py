@@ -1,5 +1,6 @@
 """jax's all-reduce benchmark (jax_impl/allreduce.py), 2 ranks on loopback: each checks its
-sums (common/collectives.py) and rank 0 records the times."""
+sums (common/collectives.py) and rank 0 records the times; and a peer lost inside it
+(tests/fixtures/lost_peer.py)."""
 
 import pytest
 
