@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -135,53 +135,182 @@ def save(rec: dict[str, Any], args, world) -> None:
         )
 
 
-# --- what one training step all-reduces (compare.scaling's step model) -------------------------
+# --- what one training step moves between devices (compare.scaling's step model; the lessons) ---
 
 DDP_FIRST_BUCKET_BYTES = 2**20  # torch's _DEFAULT_FIRST_BUCKET_BYTES: the first ready gradients
 DDP_BUCKET_BYTES = 25 * 2**20  # DDP's bucket_cap_mb default, every later bucket
+COUNT_BYTES = 8  # a BatchNorm's batches seen (torch's num_batches_tracked): one int64
+# What a collective carries: gradients, the loss, and BatchNorm's own (its running statistics,
+# or --sync-bn's batch statistics and their gradients), which the lessons' tables set apart.
+GRADIENTS, LOSS = "gradients", "the loss"
+BN_BUFFERS = "BatchNorm's buffers (running mean and variance, batches seen)"
+BN_RUNNING = "BatchNorm's running statistics"
+BN_BATCH = "BatchNorm's batch statistics (mean, mean of squares)"
+BN_BATCH_GRADS = "their gradients"
+# The ops, as each engine makes them.
+BROADCAST = "broadcast from rank 0, before the forward"
+BUCKET = "all-reduce, a bucket at a time in the backward"
+OPERAND = "all-reduce operand (XLA)"
+PUSHPULL = "kvstore push and pull, a key per parameter"
 
 
-def ddp_buckets(grads: list[tuple[int, float]]) -> list[tuple[int, float]]:
-    """DDP's buckets over gradients of (bytes, ready) in the order they are ready (its rebuilt
-    buckets, from the second step on): a bucket closes once it holds its limit or more,
-    DDP_FIRST_BUCKET_BYTES for the first, DDP_BUCKET_BYTES after; it is ready with its last."""
-    buckets, open_bytes = [], 0
-    for size, ready in grads:
-        open_bytes += size
+class Collective(NamedTuple):
+    """One collective of a step: its `bytes` (one device's buffer), `ready` (the share of the
+    backward's FLOPs done when its data is all there, 1.0 at its end; None: inside the compute,
+    which waits for it), the engine's `op`, `what` it carries, and `batchnorm`, the bytes of it
+    that are BatchNorm's (its buffers or statistics, its weight's and bias's gradients)."""
+
+    bytes: int
+    ready: float | None
+    op: str
+    what: str
+    batchnorm: int = 0
+
+
+def ddp_buckets(grads: list[tuple]) -> list[tuple]:
+    """DDP's buckets over gradients of (bytes, ready, ...) in the order they are ready (its
+    rebuilt buckets, from the second step on): a bucket closes once it holds its limit or more,
+    DDP_FIRST_BUCKET_BYTES for the first, DDP_BUCKET_BYTES after; it is ready with its last.
+    Each bucket is (bytes, ready, the bytes of its gradients that are BatchNorm's)."""
+    buckets, open_bytes, open_bn = [], 0, 0
+    for size, ready, *bn in grads:
+        open_bytes, open_bn = open_bytes + size, open_bn + (bn[0] if bn else 0)
         if open_bytes >= (DDP_BUCKET_BYTES if buckets else DDP_FIRST_BUCKET_BYTES):
-            buckets.append((open_bytes, ready))
-            open_bytes = 0
-    return buckets + [(open_bytes, grads[-1][1])] if open_bytes else buckets
+            buckets.append((open_bytes, ready, open_bn))
+            open_bytes, open_bn = 0, 0
+    return buckets + [(open_bytes, grads[-1][1], open_bn)] if open_bytes else buckets
 
 
-def step_collectives(framework: str, strategy: str, sync_bn: bool) -> list[tuple] | None:
-    """(bytes, ready) of each all-reduce (or kvstore push and pull) one ResNet-18 step makes
-    across data-parallel ranks, in the order its backward readies them. ready: the share of the
-    backward's FLOPs done when its gradients are all there (1.0: at its end); None: inside the
-    compute, which waits for it (a BatchNorm's statistics over the global batch). None for an
-    engine this model does not know."""
+def step_ops(framework: str, strategy: str, sync_bn: bool) -> list[Collective] | None:
+    """Each collective one ResNet-18 step makes across data-parallel devices, in the order its
+    step makes them (the backward readies the last layer's gradients first); None for an engine
+    this model does not know. Each framework's suite counts its engine's own and holds this list
+    to it (torch: a 2-rank gloo step's profiled collectives; JAX: the optimized program's
+    all-reduce operands; MXNet: the Trainer's kvstore calls)."""
     shapes = flops.parameter_shapes("resnet18")
     shares = backward_shares()
     grads = [
-        (ELEMENT_BYTES * math.prod(shape), shares[_layer(name)])
-        for name, shape in reversed(shapes.items())  # the backward readies the last layer first
+        (size := ELEMENT_BYTES * math.prod(shape), shares[_layer(name)], size * _is_bn(name), name)
+        for name, shape in reversed(shapes.items())
     ]
+    channels = [s[0] for k, s in shapes.items() if _is_bn(k) and k.endswith(".weight")]
     if (framework, strategy) == ("torch", "ddp"):
-        return ddp_buckets(grads)
-    if (framework, strategy) == ("mxnet", "dist"):
-        return grads  # Gluon's Trainer: a key per parameter
-    if (framework, strategy) == ("jax", "sharding"):
-        # XLA's optimized program (tests/jax_impl/test_collectives.py holds it to it): the
-        # gradient in one all-reduce op after the backward, whose every operand XLA:CPU's
-        # collectives reduce by itself; a gloo all-reduce each, in turn.
-        channels = [s[0] for k, s in shapes.items() if ".bn" in k and k.endswith(".weight")]
-        at_end = [(size, 1.0) for size, _ in grads] + [(ELEMENT_BYTES, 1.0)]  # and the loss
-        if not sync_bn:  # each BatchNorm's running mean and variance, averaged with them
-            return at_end + [(ELEMENT_BYTES * c, 1.0) for c in channels for _ in range(2)]
-        forward = [(2 * ELEMENT_BYTES * c, None) for c in channels]  # mean and mean square
-        backward = [(ELEMENT_BYTES * c, None) for c in reversed(channels)]  # their gradients
-        return [*forward, *backward, *at_end]
-    return None
+        # rank 0's buffers before every forward, flattened into one broadcast per dtype
+        stats, counts = 2 * ELEMENT_BYTES * sum(channels), COUNT_BYTES * len(channels)
+        buffers = [Collective(b, None, BROADCAST, BN_BUFFERS, b) for b in (stats, counts)]
+        return buffers + [
+            Collective(b, r, BUCKET, GRADIENTS, bn) for b, r, bn in ddp_buckets(grads)
+        ]
+    if framework == "mxnet" and strategy in ("gluon", "dist"):
+        return [Collective(b, r, PUSHPULL, GRADIENTS, bn) for b, r, bn, _ in grads]
+    if framework != "jax" or strategy not in ("sharding", "shard_map", "pmap"):
+        return None
+    # XLA's optimized program: the gradient in one all-reduce op after the backward, whose
+    # every operand XLA:CPU's collectives reduce by itself (a gloo all-reduce each, in turn).
+    # Under shard_map's and pmap's pmean XLA reduces a value once where two gradients are the
+    # same sum: a shortcut conv's bias and its block's second BatchNorm's bias.
+    once = strategy != "sharding"
+    at_end = [
+        Collective(b, 1.0, OPERAND, GRADIENTS, bn)
+        for b, _, bn, name in grads
+        if not (once and name.endswith(".shortcut.bias"))
+    ] + [Collective(ELEMENT_BYTES, 1.0, OPERAND, LOSS)]
+    if not sync_bn:  # each device keeps its own running statistics: none move
+        return at_end
+    forward = [
+        Collective(2 * ELEMENT_BYTES * c, None, OPERAND, BN_BATCH, 2 * ELEMENT_BYTES * c)
+        for c in channels
+    ]
+    backward = [
+        Collective(ELEMENT_BYTES * c, None, OPERAND, BN_BATCH_GRADS, ELEMENT_BYTES * c)
+        for c in reversed(channels)
+    ]
+    return [*forward, *backward, *at_end]
+
+
+def step_collectives(framework: str, strategy: str, sync_bn: bool) -> list[tuple] | None:
+    """(bytes, ready) of each collective one ResNet-18 step makes (`step_ops`), the step model's
+    pieces (compare.scaling), each timed at the engine's all-reduce fit; None for an engine this
+    model does not know."""
+    ops = step_ops(framework, strategy, sync_bn)
+    return None if ops is None else [(c.bytes, c.ready) for c in ops]
+
+
+# d2l 13.5's LeNet (torch_impl/lenet.py's SHAPES): each layer's weight and bias, in elements
+LENET_TENSORS = [20 * 1 * 3 * 3, 20, 50 * 20 * 5 * 5, 50, 128 * 800, 128, 10 * 128, 10]
+BY_HAND = "allreduce by hand: summed on device 0, copied back"
+# The engines of each lesson's table, (framework, strategy, --sync-bn), in its order.
+ENGINES = {
+    "lenet": [("torch", "scratch", False), ("jax", "scratch", False), ("mxnet", "scratch", False)],
+    "resnet18": [
+        ("torch", "ddp", False),
+        *(("jax", s, False) for s in ("sharding", "shard_map", "pmap")),
+        ("jax", "sharding", True),
+        ("mxnet", "gluon", False),
+        ("mxnet", "dist", False),
+    ],
+}
+
+
+def lenet_ops(framework: str) -> list[Collective]:
+    """LeNet's hand-written allreduce in one step (each framework's lenet.py): torch and MXNet
+    call it once per parameter tensor, JAX once with every gradient and the loss."""
+    sizes = [ELEMENT_BYTES * n for n in LENET_TENSORS]
+    if framework == "jax":
+        return [Collective(sum(sizes) + ELEMENT_BYTES, 1.0, BY_HAND, f"{GRADIENTS} and {LOSS}")]
+    return [Collective(size, 1.0, BY_HAND, f"{GRADIENTS}, a tensor a call") for size in sizes]
+
+
+class Move(NamedTuple):
+    """A row of a lesson's "what moves" table: an engine's `op` carrying `what`, `count` times a
+    step, `bytes` in all (one device's buffers), of which `batchnorm_count` ops and
+    `batchnorm_bytes` bytes are BatchNorm's."""
+
+    engine: str
+    op: str
+    what: str
+    count: int
+    bytes: int
+    batchnorm_count: int
+    batchnorm_bytes: int
+
+
+def moves(workload: str) -> list[Move]:
+    """What each engine of `workload`'s lesson moves between devices in one step (`step_ops`,
+    `lenet_ops`), a row per kind of collective; engines that make the same ones share their rows
+    (their strategies joined), and one whose BatchNorm keeps its running statistics on each
+    device says so in a row of none."""
+    if workload not in ENGINES:
+        raise LookupError(f"no table of what moves for {workload!r}; {', '.join(ENGINES)} have one")
+    engines: dict[tuple, list[str]] = {}
+    for framework, strategy, sync_bn in ENGINES[workload]:
+        ops = (
+            lenet_ops(framework) if workload == "lenet" else step_ops(framework, strategy, sync_bn)
+        )
+        label = f"{strategy}+sync-bn" if sync_bn else strategy
+        engines.setdefault((framework, tuple(ops)), []).append(label)
+    rows = []
+    for (framework, ops), labels in engines.items():
+        engine = f"{framework} {', '.join(labels)}" if workload != "lenet" else framework
+        kinds: dict[tuple, list[Collective]] = {}
+        for c in ops:
+            kinds.setdefault((c.op, c.what), []).append(c)
+        for (op, what), cs in kinds.items():
+            bn = [c for c in cs if c.batchnorm == c.bytes]
+            rows.append(
+                Move(
+                    engine,
+                    op,
+                    what,
+                    len(cs),
+                    sum(c.bytes for c in cs),
+                    len(bn),
+                    sum(c.batchnorm for c in cs),
+                )
+            )
+        if workload == "resnet18" and not any(c.what == BN_BUFFERS for c in ops):
+            rows.append(Move(engine, "none: each device keeps its own", BN_RUNNING, 0, 0, 0, 0))
+    return rows
 
 
 def backward_shares() -> dict[str, float]:
@@ -193,6 +322,10 @@ def backward_shares() -> dict[str, float]:
         done += layer.flops
         shares[layer.name] = done / total
     return shares
+
+
+def _is_bn(parameter: str) -> bool:
+    return ".bn" in parameter
 
 
 def _layer(parameter: str) -> str:

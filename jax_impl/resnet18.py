@@ -2,17 +2,16 @@
 
 Strategies (`--strategy`), each one function of (net, optimizer, world) that returns (place,
 shard, step, correct, total) (common/training.py, "A strategy"):
-  sharding (default)  one `jax.jit` program over a Mesh: the batch sharded on 'data' (P('data')),
-                      the state replicated (P()); XLA inserts the gradient all-reduce. It also
-                      runs over several processes (hosts, or one process per GPU): launch.py.
+  sharding (default)  one `jax.jit` program over a Mesh, the batch sharded on 'data'; XLA inserts
+                      the gradient all-reduce. Also over several processes (hosts): launch.py.
   shard_map           `jax.shard_map` over the same Mesh: per-device code with explicit
                       collectives (d2l's hand-written allreduce), `lax.pmean` of the gradients.
-  pmap                `jax.pmap` with `lax.pmean` of the gradients, the state replicated (a
-                      leading device axis): the classic API, now built on jit and shard_map.
+  pmap                `jax.pmap`, the state copied to every device (a leading device axis),
+                      `lax.pmean` of the gradients: the classic API, built on jit and shard_map.
 
-BatchNorm: each device normalises its share of the batch, as in DDP and Gluon (d2l 13.6), the
-running statistics averaged; under `sharding` each share is a row of a vmap named 'data' (no
-collective in the forward pass). --sync-bn: the net's axis_name 'data', the whole batch's.
+BatchNorm: each device normalises its share of the batch (under `sharding` a row of a vmap named
+'data') and keeps running statistics of its own (STATE: a row per device, never averaged), all
+evaluating with device 0's, as DDP and Gluon (d2l 13.6). --sync-bn: the net's axis_name 'data'.
 
 Layout: flax's NHWC, the images transposed once (common.data), the weights at the exchange
 format's boundary (jax_impl/weights.py).
@@ -41,6 +40,7 @@ FRAMEWORK = "jax"
 STRATEGIES = ("sharding", "shard_map", "pmap")
 NUM_CLASSES = 10
 AXIS = "data"
+STATE = {"params": P(), "batch_stats": P(AXIS), "opt_state": P()}
 
 
 class Residual(nn.Module):
@@ -69,9 +69,8 @@ class Residual(nn.Module):
 def batch_norm(train, use_bn, axis_name, dtype, name):
     if not use_bn:
         return lambda y: y
-    # torch's momentum 0.1 is flax's 0.9 (weight of the old running value); eps as torch.
-    # flax's one-pass variance, E[x^2] - E[x]^2: a pass less over every activation than torch's
-    # two, and its float32 rounding keeps to the numerics rule (tools/jax_step.py measures it).
+    # torch's momentum 0.1 is flax's 0.9 (the old running value's weight); eps as torch's. flax's
+    # one-pass variance E[x^2] - E[x]^2 keeps to the numerics rule (tools/jax_step.py).
     norm = partial(nn.BatchNorm, momentum=0.9, epsilon=1e-5, axis_name=axis_name, dtype=dtype)
     return norm(use_running_average=not train, name=name)
 
@@ -93,9 +92,8 @@ class ResNet18(nn.Module):
         x = nn.relu(batch_norm(train, self.use_bn, self.axis_name, self.dtype, "stem_bn")(x))
         block = partial(Residual, use_bn=self.use_bn, axis_name=self.axis_name, dtype=self.dtype)
         for i, mult in enumerate((1, 2, 4, 8), start=1):
-            first = i == 1
             c = self.width * mult
-            x = block(c, 1 if first else 2, not first, name=f"layer{i}_0")(x, train)
+            x = block(c, 1 if i == 1 else 2, i > 1, name=f"layer{i}_0")(x, train)
             for j in range(1, self.residuals):
                 x = block(c, name=f"layer{i}_{j}")(x, train)
         x = jnp.mean(x, axis=(1, 2))  # global average pool
@@ -131,14 +129,12 @@ def init_weights(net, std, seed):
 
 
 def _abstract_variables(net):
-    """The variables' shapes and dtypes, without running the network (eval_shape)."""
     x = jnp.zeros((1, 8, 8, 1))
     return jax.eval_shape(partial(net.init, train=False), jax.random.key(0), x)
 
 
 def make_optimizer(lr):
-    # optax builds the update rule apart from the parameters (torch and Gluon bind them).
-    return optax.sgd(lr)  # plain SGD, no momentum (d2l)
+    return optax.sgd(lr)  # plain SGD (d2l); optax keeps the rule apart from the parameters
 
 
 def loss_fn(logits, labels):
@@ -148,20 +144,20 @@ def loss_fn(logits, labels):
 def gradients(net, state, x, y, params=None, shares=None):
     """(mean loss, its gradients at `params`, the BatchNorm statistics the batch leaves) on a
     batch; `params`: the state's by default (shard_map passes each device's own copy). `shares`:
-    each of that many parts of the batch through BatchNorm alone (a row of a vmap named 'data')."""
+    that many parts, each a row of a vmap named 'data' with its own row of statistics (STATE)."""
 
-    def forward(params, x):
-        variables = {"params": params, "batch_stats": state["batch_stats"]}
+    def forward(params, x, stats=state["batch_stats"]):
+        variables = {"params": params, "batch_stats": stats}
         logits, new = net.apply(variables, x, train=True, mutable=["batch_stats"])
-        return logits, new.get("batch_stats", state["batch_stats"])
+        return logits, new.get("batch_stats", stats)
 
     def loss_of(params):
         if shares is None:
             logits, stats = forward(params, x)
-        else:  # the shares' logits in batch order, their running statistics averaged
-            parts = x.reshape(shares, -1, *x.shape[1:])
-            logits, stats = jax.vmap(forward, (None, 0), axis_name=AXIS)(params, parts)
-            logits, stats = logits.reshape(len(x), -1), jax.tree.map(lambda a: a.mean(0), stats)
+        else:  # the shares' logits in batch order, each share's statistics its own row
+            rows = jax.vmap(forward, (None, 0, 0), axis_name=AXIS)
+            logits, stats = rows(params, x.reshape(shares, -1, *x.shape[1:]), state["batch_stats"])
+            logits = logits.reshape(len(x), -1)
         return loss_fn(logits, y), stats
 
     at = state["params"] if params is None else params
@@ -183,10 +179,18 @@ def train_step(net, optimizer, state, x, y):
 
 
 def evaluate(net, state, x, y, mask=True):
-    """Correct predictions on a batch (not synced); `mask`: which samples count (padding)."""
-    variables = {"params": state["params"], "batch_stats": state["batch_stats"]}
-    pred = net.apply(variables, x, train=False).argmax(axis=-1)
-    return jnp.sum((pred == y) & mask)
+    """Correct predictions (not synced) with device 0's statistics (STATE's row 0); `mask`: pads."""
+    stats = jax.tree.map(lambda a: a[0], state["batch_stats"])
+    pred = net.apply({"params": state["params"], "batch_stats": stats}, x, train=False)
+    return jnp.sum((pred.argmax(axis=-1) == y) & mask)
+
+
+def _on_mesh(arrays, mesh):  # the data set whole on every device of `mesh`, the state as STATE
+    if not isinstance(arrays, dict):
+        return jax.device_put(arrays, NamedSharding(mesh, P()))
+    rows = jax.tree.map(lambda a: np.broadcast_to(a, (mesh.size, *a.shape)), arrays["batch_stats"])
+    layout = jax.tree.map(partial(NamedSharding, mesh), STATE)
+    return jax.device_put(dict(arrays, batch_stats=rows), layout)
 
 
 # --- the parallelism: one function per strategy ------------------------------------------------
@@ -194,8 +198,7 @@ def evaluate(net, state, x, y, mask=True):
 
 def pmap(net, optimizer, world):
     """jax.pmap: the state and the data set copied to every device (a leading device axis), each
-    device its row of every batch; the step pmeans the gradients and BatchNorm's running
-    statistics over 'data', so every copy takes the same step. One process."""
+    device its row of every batch; the step pmeans the gradients over 'data'. One process."""
     devices, n = world.devices, len(world.devices)
     stacked = NamedSharding(Mesh(np.array(devices), (AXIS,)), P(AXIS))  # row i on device i
 
@@ -209,12 +212,13 @@ def pmap(net, optimizer, world):
     @partial(jax.pmap, axis_name=AXIS, devices=devices, donate_argnums=0)
     def step(state, x, y, rows):
         loss, grads, stats = gradients(net, state, x[rows], y[rows])
-        grads, loss, stats = lax.pmean((grads, loss, stats), AXIS)  # every device's, averaged
+        grads, loss = lax.pmean((grads, loss), AXIS)  # every device's, averaged
         return apply_gradients(optimizer, state, grads, stats), loss * len(rows) * n
 
     @partial(jax.pmap, axis_name=AXIS, devices=devices)
-    def count(state, x, y, rows, mask):
-        return lax.psum(evaluate(net, state, x[rows], y[rows], mask), AXIS)
+    def count(state, x, y, rows, mask):  # every device's statistics gathered: STATE's rows
+        stats = jax.tree.map(partial(lax.all_gather, axis_name=AXIS), state["batch_stats"])
+        return lax.psum(evaluate(net, dict(state, batch_stats=stats), x[rows], y[rows], mask), AXIS)
 
     def correct(state, x, y, idx):  # the test batch padded to one size: one compilation
         padded = [data.shard_batch(a, n) for a in jdev.padded(idx, harness.TEST_BATCH * n)]
@@ -227,25 +231,25 @@ def pmap(net, optimizer, world):
 
 
 def shard_map(net, optimizer, world):
-    """jax.shard_map over a Mesh, the state and the data set replicated, each batch split on
-    'data': each device differentiates its own copy of the weights (the replicated ones' gradient
-    is summed over the devices already) and pmeans the gradients and running statistics."""
-    n = len(world.devices)
-    mesh = Mesh(np.array(world.devices), (AXIS,))
-    replicated, batch = NamedSharding(mesh, P()), NamedSharding(mesh, P(AXIS))
+    """jax.shard_map over a Mesh, each batch split on 'data': each device differentiates its own
+    copy of the weights (the replicated ones' gradient is their sum already) and pmeans it."""
+    n, mesh = len(world.devices), Mesh(np.array(world.devices), (AXIS,))
+    batch = NamedSharding(mesh, P(AXIS))
 
-    def place(arrays):  # every device holds the whole data set and state
-        return jax.device_put(arrays, replicated)
+    def place(arrays):  # every device holds the whole data set and state, its own statistics
+        return _on_mesh(arrays, mesh)
 
     def shard(batches):  # each batch whole: `batch` gives device k its k-th block of rows
         return (jax.device_put(np.asarray(idx, np.int32), batch) for idx in batches)
 
     @partial(jax.jit, donate_argnums=0)
-    @partial(jax.shard_map, mesh=mesh, in_specs=(P(), P(), P(), P(AXIS)), out_specs=P())
+    @partial(jax.shard_map, mesh=mesh, in_specs=(STATE, P(), P(), P(AXIS)), out_specs=(STATE, P()))
     def step(state, x, y, rows):
         mine = lax.pcast(state["params"], AXIS, to="varying")  # this device's own copy
-        loss, grads, stats = gradients(net, state, x[rows], y[rows], mine)
-        grads, loss, stats = lax.pmean((grads, loss, stats), AXIS)  # every device's, averaged
+        own = dict(state, batch_stats=jax.tree.map(lambda a: a[0], state["batch_stats"]))
+        loss, grads, stats = gradients(net, own, x[rows], y[rows], mine)
+        grads, loss = lax.pmean((grads, loss), AXIS)  # every device's, averaged
+        stats = jax.tree.map(lambda a: a[None], stats)  # its block: one row of STATE's, its own
         return apply_gradients(optimizer, state, grads, stats), loss * len(rows) * n
 
     count = jax.jit(lambda state, x, y, idx, mask: evaluate(net, state, x[idx], y[idx], mask))
@@ -260,20 +264,19 @@ def shard_map(net, optimizer, world):
 
 
 def sharding(net, optimizer, world):
-    """One jax.jit program over a Mesh of the world's devices (every process's, in several
-    processes): the state and the data set replicated, each batch sharded on 'data', a share per
-    device (`gradients`' vmap); XLA all-reduces the gradients and the running statistics."""
-    n = len(world.devices)
-    mesh = Mesh(np.array(world.devices), (AXIS,))
+    """One jax.jit program over a Mesh of every process's devices, the state as STATE, each batch
+    sharded on 'data', a share per device (`gradients`' vmap); XLA all-reduces the gradients."""
+    n, mesh = len(world.devices), Mesh(np.array(world.devices), (AXIS,))
     replicated, batch = NamedSharding(mesh, P()), NamedSharding(mesh, P(AXIS))
+    layout = jax.tree.map(partial(NamedSharding, mesh), STATE)  # the state, as `place` puts it
 
-    def place(arrays):  # every device holds the whole data set and state
-        return jax.device_put(arrays, replicated)
+    def place(arrays):  # every device holds the whole data set and state, its own statistics
+        return _on_mesh(arrays, mesh)
 
     def shard(batches):  # each batch whole: `batch` gives device k its k-th block of rows
         return (jax.device_put(np.asarray(idx, np.int32), batch) for idx in batches)
 
-    @partial(jax.jit, out_shardings=(replicated, replicated), donate_argnums=0)
+    @partial(jax.jit, out_shardings=(layout, replicated), donate_argnums=0)
     def step(state, x, y, idx):
         x = lax.with_sharding_constraint(x[idx], batch)
         loss, grads, stats = gradients(net, state, x, y[idx], shares=n)

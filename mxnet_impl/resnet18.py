@@ -9,8 +9,8 @@ shard, step, correct, total) (common/training.py, "A strategy"):
                    mxnet_impl/launch.py starts them (`--gpus N`: all workers' contexts).
 
 BatchNorm is per context, as in d2l and in this project's torch and JAX: each copy normalises its
-own part of the batch. Each also keeps its own running averages, never synced, and evaluates its
-part of a test batch with them (DDP broadcasts rank 0's; JAX averages them over the devices).
+own part of the batch and keeps its own running averages, never synced. The first context (worker
+0's, under dist) evaluates the test batch with its own, as DDP's ranks with rank 0's buffers.
 bf16 (`--amp bf16`) is MXNet's AMP (`use_bf16`), on the CPU: MXNet 1.9's bf16 kernels are oneDNN's.
 """
 
@@ -162,12 +162,11 @@ def _rows_of(idx, rank, workers, n_contexts):
     return idx[rank * part : None if rank == workers - 1 else (rank + 1) * part]
 
 
-def _correct_on(net, devices, x, y, rows):
-    """Correct predictions on the test rows `rows` (host indices), split over the contexts;
-    the count on the first context (not synced)."""
-    rows = nd.array(rows, ctx=devices[0], dtype="int64")
-    xs, ys = (split_and_load(a.take(rows), devices, even_split=False) for a in (x, y))
-    return mdev.add_up([evaluate(net, *xy) for xy in zip(xs, ys, strict=True)])
+def _correct_on(net, device, x, y, rows):
+    """Correct predictions on the test rows `rows` (host indices) on one context, with its
+    running statistics (not synced)."""
+    rows = nd.array(rows, ctx=device, dtype="int64")
+    return evaluate(net, x.take(rows), y.take(rows))
 
 
 # --- the parallelism: one function per strategy ------------------------------------------------
@@ -193,8 +192,8 @@ def context_list(net, optimizer, world):
         xs, ys = (split_and_load(a.take(idx), devices, even_split=False) for a in (x, y))
         return mdev.add_up(train_step(net, trainer, xs, ys, len(idx)))
 
-    def correct(x, y, idx):
-        return _correct_on(net, devices, x, y, idx)
+    def correct(x, y, idx):  # the first context, where the data is, with its statistics
+        return _correct_on(net, devices[0], x, y, idx)
 
     def total(losses, hits):  # one process: nothing to add up across processes
         return mdev.float_sum(losses), mdev.float_sum(hits)
@@ -227,8 +226,8 @@ def dist_sync(net, optimizer, world):
         xs, ys = (split_and_load(a.take(rows), devices, even_split=False) for a in (x, y))
         return mdev.add_up(train_step(net, trainer, xs, ys, batch_size))
 
-    def correct(x, y, idx):  # this worker's share of the test batch
-        return _correct_on(net, devices, x, y, _rows_of(idx, world.rank, world.size, len(devices)))
+    def correct(x, y, idx):  # worker 0's first context counts the test batch, the others none
+        return _correct_on(net, devices[0], x, y, idx) if world.rank == 0 else nd.zeros(1)
 
     def total(losses, hits):  # summed over the workers: the servers add up what each pushes
         return world.sum(np.array([mdev.float_sum(losses), mdev.float_sum(hits)])).tolist()

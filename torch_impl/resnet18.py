@@ -7,6 +7,10 @@ shard, step, correct, total) (common/training.py, "A strategy"):
                  gloo on CPU.
   dataparallel   `data_parallel`: nn.DataParallel, one process scattering each batch over the
                  GPUs (CUDA only: without CUDA it would silently run the plain module: refused).
+
+BatchNorm: each device normalises its share of the batch (d2l 13.6), and every device evaluates
+with device 0's running statistics, as JAX and Gluon do: DDP broadcasts rank 0's buffers before
+every forward, DataParallel copies device 0's module to every device. --sync-bn: SyncBatchNorm.
 """
 
 import copy
@@ -142,6 +146,13 @@ def train_step(net, optimizer, x, y):
     return loss.detach()
 
 
+def _sync_batch_norm(net):
+    """--sync-bn: `net` with a SyncBatchNorm for each BatchNorm, which normalises with the whole
+    global batch's statistics, gathered over the process group in every forward (CUDA only:
+    common.checks refuses it elsewhere). Before DDP wraps the net."""
+    return nn.SyncBatchNorm.convert_sync_batchnorm(net)
+
+
 def evaluate(net, x, y):
     """Correct predictions on a batch (not synced). A compiled module evaluates eagerly:
     evaluation is not timed, and compiling its mode and shapes would spend time outside the
@@ -185,10 +196,10 @@ def ddp(net, optimizer, world):
     """DistributedDataParallel: this process is rank `world.rank` of a process group of one
     process per device (torchrun started them, launch.join joined the group), on its one device,
     taking its row of every global batch. DDP broadcasts rank 0's weights once, and its BatchNorm
-    running statistics before every forward; each rank normalises its own rows (--sync-bn:
-    SyncBatchNorm, the whole batch), and backward all-reduces (averages) the gradients in
-    buckets: every rank takes the same step. One rank has nothing to average, yet DDP would
-    all-reduce every gradient: it trains the plain module, as JAX and Gluon do on one device."""
+    buffers (running statistics) before every forward, evaluation's too; each rank normalises its
+    own rows (--sync-bn: SyncBatchNorm, the whole batch), and backward all-reduces (averages)
+    the gradients in buckets: every rank takes the same step. One rank has nothing to average,
+    yet DDP would all-reduce every gradient: it trains the plain module, as JAX and Gluon do."""
     device, rank, size = world.devices[0], world.rank, world.size
     wrapped = net
     if size > 1:
@@ -204,9 +215,9 @@ def ddp(net, optimizer, world):
     def step(x, y, rows):
         return train_step(wrapped, optimizer, x[rows], y[rows]) * len(rows)
 
-    def correct(x, y, idx):  # this rank's share of the test batch, on its local module
+    def correct(x, y, idx):  # this rank's share of the test batch, with rank 0's statistics
         rows = np.array_split(idx, size)[rank]
-        return evaluate(net, x[rows], y[rows])
+        return evaluate(wrapped, x[rows], y[rows])
 
     def total(losses, hits):  # summed over the ranks: one all-reduce of both
         return world.sum(np.array([float(sum(losses)), float(sum(hits))])).tolist()
@@ -246,7 +257,7 @@ def main(args, plan, cfg, hooks):
     device = world.devices[0]
     net = init_weights(resnet18(amp=args.amp == "bf16"), cfg.init_std, cfg.seed).to(device)
     if args.sync_bn:  # the whole batch's statistics across the ranks (CUDA: checks.check_sync_bn)
-        net = nn.SyncBatchNorm.convert_sync_batchnorm(net)
+        net = _sync_batch_norm(net)
     net = tdev.gpu_layout(net, device)
     # --compile: in place, before DDP or DataParallel wraps it, as torch's docs advise; it
     # compiles (and captures CUDA graphs) in the warm-up, never in a timed epoch.

@@ -80,8 +80,11 @@ def test_each_cluster_run_against_its_one_node_run_and_the_model(built):
     assert slow["bytes/step measured"] == "41.5 MB"  # (1,275 + 1,215) MB / 2 / 30 steps
     assert slow["bytes/step model"] == "44.7 MB"  # 2 (2 - 1) / 2 x ResNet-18's gradient
     comm, step = modelled("torch", "ddp", 0.5)
-    assert comm == pytest.approx(3 * 1e-3 + fc.GRADIENT_BYTES / 1e8)  # DDP's three buckets
-    assert slow["comm (model)"] == scaling_report.fmt_seconds(comm) == "0.450 s"
+    # DDP's three buckets of the gradient and its two broadcasts of BatchNorm's buffers (rank
+    # 0's running statistics, then its batch counts), a collective's alpha each
+    buffers = sum(c.bytes for c in collectives.step_ops("torch", "ddp", False) if c.ready is None)
+    assert comm == pytest.approx(5 * 1e-3 + (fc.GRADIENT_BYTES + buffers) / 1e8)
+    assert slow["comm (model)"] == scaling_report.fmt_seconds(comm) == "0.452 s"
     assert slow["exposed comm"] == "0.400 s"  # 0.9 - 0.5
     assert slow["overlap"] == scaling_report.fmt_seconds(comm - 0.4)
     assert slow["model"] == f"{scaling_report.fmt_seconds(step)} ({percent(step, 0.9)})"
@@ -189,7 +192,9 @@ def test_a_run_without_its_one_node_run_shows_dashes(tmp_path):
     rows = nodes_rows((tmp_path / "out" / "report.md").read_text())
     slow = rows[("torch ddp", "1gbit", "2")]
     assert slow["speedup"] == slow["exposed comm"] == slow["model"] == "–"  # no compute to add
-    assert slow["comm (model)"] == "0.450 s" and slow["bytes/step model"] == "44.7 MB"
+    comm = modelled("torch", "ddp", 0.5)[0]  # without the 1-node run's compute, all the same
+    assert slow["comm (model)"] == scaling_report.fmt_seconds(comm) == "0.452 s"
+    assert slow["bytes/step model"] == "44.7 MB"
     assert rows[("torch ddp", "unlimited", "2")]["comm (model)"] == "–"
 
 
@@ -240,8 +245,9 @@ def test_a_one_node_run_needs_no_link_and_old_records_need_none_of_it():
 def test_the_step_model_times_each_collective_at_the_engines_own_fit(tmp_path):
     """With an all-reduce run of the engine over the same link on the same machine beside the
     cluster's runs, each of the step's collectives (here DDP's three buckets of ResNet-18's
-    gradient) is timed at that run's alpha and busbw, and starts once the backward has readied
-    it and the one before has ended."""
+    gradient, and its two broadcasts of BatchNorm's buffers before the forward) is timed at that
+    run's alpha and busbw; a bucket starts once the backward has readied it and the one before
+    has ended, and the forward waits for the broadcasts."""
     recs = fc.cluster()
     alpha, busbw = 2e-3, 5e7  # 2 ms, 50 MB/s per link
     reduce = allreduce_record(link="1gbit", rate=1e9)
@@ -251,12 +257,15 @@ def test_the_step_model_times_each_collective_at_the_engines_own_fit(tmp_path):
     entries = [records.Entry(r, "r.jsonl", i) for i, r in enumerate(recs)]
     cells = {(c.entry.rec.framework, c.entry.link_name): c for c in scaling.cells_of(entries, fits)}
     cell = cells[("torch", "1gbit")]
-    buckets = collectives.step_collectives("torch", "ddp", sync_bn=False)
-    times = [alpha + size / busbw for size, _ in buckets]  # 2 (n - 1) / n = 1 at n = 2
+    pieces = collectives.step_collectives("torch", "ddp", sync_bn=False)
+    times = [alpha + size / busbw for size, _ in pieces]  # 2 (n - 1) / n = 1 at n = 2
     assert cell.comm == pytest.approx(sum(times))
-    forward, backward, end = 0.5 / 3, 0.5 * 2 / 3, 0.0  # the 1-node step: 0.5 s
-    for t, (_, ready) in zip(times, buckets, strict=True):
-        end = max(end, forward + ready * backward) + t
+    held = sum(t for t, (_, ready) in zip(times, pieces, strict=True) if ready is None)
+    assert held > 2 * alpha  # the two broadcasts
+    forward, backward, end = 0.5 / 3 + held, 0.5 * 2 / 3, 0.0  # the 1-node step: 0.5 s
+    for t, (_, ready) in zip(times, pieces, strict=True):
+        if ready is not None:  # the buckets
+            end = max(end, forward + ready * backward) + t
     assert cell.predicted == pytest.approx(end)
     assert cell.error == pytest.approx((end - 0.9) / 0.9)
     # no all-reduce run over the unlimited link, none of MXNet's: no model
@@ -278,7 +287,8 @@ def test_a_fit_from_another_machine_or_gradient_is_not_used():
 
 def test_predictions_of_resnet18_time_each_collective_at_nccls_latency():
     """A 1-GPU ResNet-18 record beside cluster runs of ResNet-18's gradient: DDP's three
-    buckets, each 8.4 us + 2 (n - 1) ring steps of 3.4 us over NVLink, and its bytes."""
+    buckets and two broadcasts of BatchNorm's buffers, each 8.4 us + 2 (n - 1) ring steps of
+    3.4 us over NVLink, and its bytes."""
     recs = fc.cluster()
     entries = [records.Entry(r, "r.jsonl", i) for i, r in enumerate([*recs, fc.gpu_record()])]
     table = scaling_report.predictions(entries, entries[:-1])
@@ -286,6 +296,6 @@ def test_predictions_of_resnet18_time_each_collective_at_nccls_latency():
     buckets = collectives.step_collectives("torch", "ddp", sync_bn=False)
     alpha = 8.4e-6 + 2 * 7 * 3.4e-6
     comm = sum(alpha + 2 * 7 / 8 * size / cm.NVLINK_H100_BYTES_PER_S for size, _ in buckets)
-    assert row[6] == scaling_report.fmt_seconds(comm)  # 3 x 56 us + 78.2 MB / 370 GB/s
+    assert row[6] == scaling_report.fmt_seconds(comm)  # 5 x 56 us + 78.3 MB / 370 GB/s
     pieces = [(alpha + 2 * 7 / 8 * size / cm.NVLINK_H100_BYTES_PER_S, r) for size, r in buckets]
     assert row[7] == scaling_report.fmt_seconds(cm.timeline(fc.GPU_STEP, pieces))

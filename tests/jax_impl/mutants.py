@@ -47,8 +47,8 @@ MUTANTS = [
         "jax",
         f"{R18}::test_two_devices_equal_one_device_normalising_each_share[pmap]",
         "jax_impl/resnet18.py",
-        "y[rows])\n        grads, loss, stats = lax.pmean((grads, loss, stats), AXIS)",
-        "y[rows])\n        loss, stats = lax.pmean((loss, stats), AXIS)",
+        "y[rows])\n        grads, loss = lax.pmean((grads, loss), AXIS)",
+        "y[rows])\n        loss = lax.pmean(loss, AXIS)",
         "pmap without the gradient all-reduce: each device steps on its own half-batch gradient",
     ),
     Mutant(
@@ -56,8 +56,8 @@ MUTANTS = [
         "jax",
         f"{R18}::test_two_devices_equal_one_device_normalising_each_share[pmap]",
         "jax_impl/resnet18.py",
-        "y[rows])\n        grads, loss, stats = lax.pmean((grads, loss, stats), AXIS)",
-        "y[rows])\n        grads, loss, stats = lax.psum((grads, loss, stats), AXIS)",
+        "y[rows])\n        grads, loss = lax.pmean((grads, loss), AXIS)",
+        "y[rows])\n        grads, loss = lax.psum((grads, loss), AXIS)",
         "gradients psum'd instead of pmean'd: every step N times too large",
     ),
     Mutant(
@@ -81,13 +81,44 @@ MUTANTS = [
         "device's share's",
     ),
     Mutant(
-        "jax-r18-pmap-stats-not-averaged",
+        "jax-r18-pmap-stats-averaged",
         "jax",
         f"{R18}::test_two_devices_equal_one_device_normalising_each_share[pmap]",
         "jax_impl/resnet18.py",
-        "y[rows])\n        grads, loss, stats = lax.pmean((grads, loss, stats), AXIS)",
         "y[rows])\n        grads, loss = lax.pmean((grads, loss), AXIS)",
-        "each device keeps its own running statistics: the copies drift apart",
+        "y[rows])\n        grads, loss, stats = lax.pmean((grads, loss, stats), AXIS)",
+        "the running statistics pmean'd with the gradients: every device's the average, not its "
+        "own share's",
+    ),
+    Mutant(
+        "jax-r18-sharding-stats-averaged",
+        "jax",
+        f"{R18}::test_two_devices_equal_one_device_normalising_each_share[sharding]",
+        "jax_impl/resnet18.py",
+        "            logits = logits.reshape(len(x), -1)\n",
+        "            logits = logits.reshape(len(x), -1)\n"
+        "            stats = jax.tree.map(lambda a: jnp.broadcast_to(a.mean(0), a.shape), stats)\n",
+        "the vmap's rows of running statistics averaged (an all-reduce of them each step): every "
+        "device's the average, not its own share's",
+    ),
+    Mutant(
+        "jax-r18-pmap-evaluates-own-statistics",
+        "jax",
+        f"{R18}::test_every_device_evaluates_with_device_0s_running_statistics[pmap]",
+        "jax_impl/resnet18.py",
+        'stats = jax.tree.map(partial(lax.all_gather, axis_name=AXIS), state["batch_stats"])',
+        'stats = jax.tree.map(lambda a: a[None], state["batch_stats"])',
+        "each device evaluates its part of the test batch with its own running statistics, not "
+        "device 0's",
+    ),
+    Mutant(
+        "jax-r18-evaluates-averaged-statistics",
+        "jax",
+        f"{R18}::test_every_device_evaluates_with_device_0s_running_statistics[sharding]",
+        "jax_impl/resnet18.py",
+        '    stats = jax.tree.map(lambda a: a[0], state["batch_stats"])',
+        '    stats = jax.tree.map(lambda a: a.mean(0), state["batch_stats"])',
+        "evaluation with the devices' running statistics averaged, not device 0's",
     ),
     Mutant(
         "jax-lenet-allreduce-term",

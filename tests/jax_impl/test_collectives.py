@@ -1,31 +1,37 @@
-"""What JAX's `sharding` step exchanges. With per-device BatchNorm (the default, as torch DDP
-and MXNet Gluon) each device's share is normalised where it lives: the step all-reduces the
-gradient (and the running statistics, small), nothing in the forward pass. With --sync-bn the
-model sees the global batch: XLA all-reduces BatchNorm's statistics, and their gradients, in
-every layer, each a barrier of every device (docs/results.md, "Scaling across nodes")."""
+"""What JAX's steps exchange, counted in the optimized programs and held to the step model and
+the lessons' tables (common.collectives.step_ops, moves). With per-device BatchNorm (the default,
+as torch DDP and MXNet Gluon) each device's share is normalised where it lives and each device
+keeps its own running statistics: a step all-reduces the gradient and the loss, nothing in the
+forward pass, no statistics. With --sync-bn the model sees the global batch: XLA all-reduces
+BatchNorm's statistics, and their gradients, in every layer, each a barrier of every device
+(docs/results.md, "Scaling across nodes"). LeNet's allreduce is the lesson's own, counted as its
+step calls it."""
 
 import math
 import re
+from unittest import mock
 
 import jax
 import numpy as np
 import pytest
 
 from common import collectives
+from jax_impl import lenet
 from jax_impl import resnet18 as r18
+from tests.fixtures import lenet_reference as ref
 from tests.fixtures import runs
 
 BATCHNORMS = 17  # d2l's ResNet-18: the stem's and two per residual block (8); none on a shortcut
 
 
-def all_reduces(devices, sync=False) -> list[str]:
-    """The operand shapes of each all-reduce in the optimized program of one sharding step."""
+def all_reduces(devices, sync=False, strategy="sharding") -> list[str]:
+    """The operand shapes of each all-reduce in the optimized program of one `strategy` step."""
     net, optimizer = r18.resnet18(axis_name=r18.AXIS if sync else None), r18.make_optimizer(0.1)
-    place, shard, step, _, _ = r18.sharding(net, optimizer, runs.world_of(devices))
+    place, shard, step, _, _ = getattr(r18, strategy)(net, optimizer, runs.world_of(devices))
     variables = r18.init_weights(net, 0.01, 0)
     state = dict(variables, opt_state=optimizer.init(variables["params"]))
-    x, y = np.zeros((64, 28, 28, 1), np.float32), np.zeros(64, np.int32)
-    state, x, y = place((jax.tree.map(np.asarray, state), x, y))
+    state = place(jax.tree.map(np.asarray, state))
+    x, y = place((np.zeros((64, 28, 28, 1), np.float32), np.zeros(64, np.int32)))
     idx = next(iter(shard([np.arange(32)])))
     text = step.lower(state, x, y, idx).compile().as_text()
     return re.findall(r"= (\S+|\([^)]*\)) all-reduce(?:-start)?\(", text)
@@ -37,7 +43,7 @@ def conv_gradients(found: list[str]) -> int:
 
 def test_per_device_batchnorm_all_reduces_the_gradient_only():
     found = all_reduces(jax.devices("cpu")[:2])
-    # the gradient and the running statistics, combined by XLA or not: no per-layer barrier
+    # the gradient and the loss, combined by XLA or not: no per-layer barrier
     assert len(found) <= 2, found
     assert conv_gradients(found) >= 16, found
 
@@ -60,11 +66,37 @@ def operand_bytes(shape: str) -> list[int]:
     return [4 * math.prod(int(d) for d in each.split(",") if d) for each in dims]
 
 
-@pytest.mark.parametrize("sync", [False, True], ids=["per-device", "sync-bn"])
-def test_the_step_model_has_xlas_all_reduce_operands(sync):
+@pytest.mark.parametrize(
+    ("strategy", "sync"),
+    [("sharding", False), ("shard_map", False), ("pmap", False), ("sharding", True)],
+    ids=["sharding", "shard_map", "pmap", "sharding+sync-bn"],
+)
+def test_the_step_model_has_xlas_all_reduce_operands(strategy, sync):
     """compare.scaling times each of common.collectives.step_collectives at the engine's fitted
     alpha and busbw, one per operand of XLA's all-reduce ops (XLA:CPU reduces each operand by
-    itself): their bytes are the optimized program's, operand for operand."""
-    found = [b for shape in all_reduces(jax.devices("cpu")[:2], sync) for b in operand_bytes(shape)]
-    modelled = [size for size, _ in collectives.step_collectives("jax", "sharding", sync)]
+    itself), and the lesson's table counts them: their bytes are the optimized program's, operand
+    for operand. Per-device BatchNorm: the gradient and the loss, no running statistics."""
+    found = all_reduces(jax.devices("cpu")[:2], sync, strategy)
+    found = [b for shape in found for b in operand_bytes(shape)]
+    modelled = [size for size, _ in collectives.step_collectives("jax", strategy, sync)]
     assert sorted(modelled) == sorted(found)
+
+
+@pytest.mark.multi_device
+def test_lenets_step_calls_its_allreduce_as_the_table_counts():
+    """LeNet's table (common.collectives.lenet_ops): one call of the lesson's allreduce a step,
+    every device's gradients and loss at once, their bytes one device's."""
+    calls = []
+
+    def counted(data):
+        calls.append([sum(a.nbytes for a in jax.tree.leaves(d)) for d in data])
+        return allreduce(data)
+
+    devs = jax.devices("cpu")[:2]
+    device_params = [lenet.get_params(lenet.init_params(ref.STD, ref.SEED), d) for d in devs]
+    X, y = np.zeros((8, 1, 28, 28), np.float32), np.zeros(8, np.int32)
+    allreduce = lenet.allreduce
+    with mock.patch.object(lenet, "allreduce", counted):
+        lenet.train_batch(*jax.device_put((X, y), devs[0]), device_params, devs, 0.1)
+    modelled = collectives.lenet_ops("jax")
+    assert [[c.bytes] * len(devs) for c in modelled] == calls

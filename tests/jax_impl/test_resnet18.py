@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from common import cli, config, data, devices, flops, weights
+from common import cli, config, data, devices, flops, harness, weights
 from jax_impl import resnet18 as r18
 from jax_impl.__main__ import load
 from tests.fixtures import gpu_checks, numerics, runs
@@ -29,6 +29,7 @@ from tests.fixtures import make_resnet18_parity as parity
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
 PARAMS = flops.PARAMETERS["resnet18"]  # d2l's ResNet-18 (conv biases, no shortcut BN)
+STATS = ("running_mean", "running_var")
 HOOKS = load("resnet18")[1]  # what python -m jax_impl hands to main: harness.Hooks
 
 
@@ -124,10 +125,11 @@ def _start(net, opt):
 
 @functools.cache
 def _one_device_steps(shares):
-    """The two steps on one device, plain jit, float64: (start, after, losses) as numpy. Each
-    batch goes through the net as `shares` parts, one at a time, each with BatchNorm statistics
-    of its own (a "ghost batch": what per-device BatchNorm computes); their gradients, losses
-    and running statistics averaged. With 1: the whole batch at once (what --sync-bn computes)."""
+    """The two steps on one device, plain jit, float64: (start, each part's weights after,
+    losses) as numpy. Each batch goes through the net as `shares` parts, one at a time, each
+    with BatchNorm statistics of its own (a "ghost batch": what per-device BatchNorm computes)
+    and running statistics of its own, which part i of every batch updates (device i's); their
+    gradients and losses averaged. With 1: the whole batch at once (what --sync-bn computes)."""
     with jax.enable_x64(True):
         x, y, steps = _batches()
         net, opt = r18.resnet18(width=8, residuals=1, dtype=jnp.float64), r18.make_optimizer(0.1)
@@ -135,13 +137,17 @@ def _one_device_steps(shares):
         start = r18.get_weights(state)
         grads_of = jax.jit(lambda s, x, y: r18.gradients(net, s, x, y))
         apply = jax.jit(lambda s, g, stats: r18.apply_gradients(opt, s, g, stats))
-        losses = []
+        sets, losses = [state["batch_stats"]] * shares, []
         for idx in steps:
-            parts = [grads_of(state, x[i], y[i]) for i in data.shard_batch(idx, shares)]
-            loss, grads, stats = jax.tree.map(lambda *a: sum(a) / shares, *parts)
-            state = apply(state, grads, stats)
+            parts = [
+                grads_of(dict(state, batch_stats=sets[i]), x[rows], y[rows])
+                for i, rows in enumerate(data.shard_batch(idx, shares))
+            ]
+            loss, grads = jax.tree.map(lambda *a: sum(a) / shares, *[p[:2] for p in parts])
+            sets = [stats for _, _, stats in parts]
+            state = apply(state, grads, sets[0])
             losses.append(float(loss))
-        return start, r18.get_weights(state), losses
+        return start, [r18.get_weights(dict(state, batch_stats=s)) for s in sets], losses
 
 
 def _two_device_steps(strategy, sync):
@@ -159,17 +165,25 @@ def _two_device_steps(strategy, sync):
         for idx, part in zip(steps, shard(steps), strict=True):
             state, loss = step(state, x_all, y_all, part)
             losses.append(total([loss], [])[0] / len(idx))  # the batch's summed loss
-        return [r18.get_weights(r) for r in _replicas(state, strategy)], losses
+        return [r18.get_weights(r) for r in _replicas(state, strategy, devs)], losses
 
 
 def _check_steps(name, got, got_losses, want):
-    start, single, losses = want
-    # The steps moved the weights far more than the limit: the check can see a wrong step.
-    assert numerics.rel_error(single, start) > 1e3 * numerics.SAME_MATH_LIMIT
-    numerics.check_same_math(f"{name}: weights", got[0], single)
+    """Device i's weights and running statistics against part i's (every device's against the
+    one set, with one part), the losses, and the same weights on every device, bitwise."""
+    start, singles, losses = want
+    limit = 1e3 * numerics.SAME_MATH_LIMIT
+    # The steps moved the weights far more than the limit: the check can see a wrong step;
+    # and the parts' running statistics differ as much: it can tell a device's own from others.
+    assert numerics.rel_error(singles[0], start) > limit
+    stats = [{k: v for k, v in s.items() if k.endswith(STATS)} for s in singles]
+    assert all(numerics.rel_error(s, stats[0]) > limit for s in stats[1:])
+    for i, copy in enumerate(got):
+        numerics.check_same_math(f"{name}: device {i}", copy, singles[i % len(singles)])
     numerics.check_same_math(f"{name}: losses", got_losses, losses)
     for k, v in got[-1].items():  # the same update on each device, bitwise
-        np.testing.assert_array_equal(v, got[0][k], err_msg=k)
+        if not k.endswith(STATS):
+            np.testing.assert_array_equal(v, got[0][k], err_msg=k)
 
 
 @pytest.mark.numerics
@@ -177,10 +191,11 @@ def _check_steps(name, got, got_losses, want):
 @pytest.mark.parametrize("strategy", r18.STRATEGIES)
 def test_two_devices_equal_one_device_normalising_each_share(strategy):
     """Rule 1, per-device BatchNorm (the default, as DDP and Gluon): every strategy computes what
-    one device computes normalising each device's share of the batch alone, its gradients,
-    losses and running statistics averaged, so in float64 they agree to 2**-24 (a gradient
-    averaged twice or not at all is off by O(1); so are the whole batch's statistics: the
-    shares of a step's batch differ by far more)."""
+    one device computes normalising each device's share of the batch alone, its gradients and
+    losses averaged, each device's running statistics its share's alone, so in float64 they
+    agree to 2**-24 (a gradient averaged twice or not at all is off by O(1); so are the whole
+    batch's statistics, and statistics averaged over the devices: the shares differ by far
+    more)."""
     got, losses = _two_device_steps(strategy, sync=False)
     _check_steps(
         f"jax resnet18 {strategy} 2 devices vs 1 (per-device BN)", got, losses, _one_device_steps(2)
@@ -199,14 +214,18 @@ def test_two_devices_with_sync_bn_equal_one_device_on_the_whole_batch(strategy):
     )
 
 
-def _replicas(state, strategy):
-    """Each device's copy of the state: pmap's rows of its leading axis, or the buffers of a
-    replicated array (shard_map's P() outputs are each device's own result, unchecked)."""
+def _replicas(state, strategy, devs):
+    """Each device's copy of the state, its own running statistics in it: pmap's rows of its
+    leading axis, or each device's buffer of every array (shard_map's P() outputs are each
+    device's own result, unchecked), its row of the statistics (r18.STATE) taken out of its
+    block of one."""
     if strategy == "pmap":
-        return [jax.tree_util.tree_map(lambda a, i=i: a[i], state) for i in range(2)]
-    return [
-        jax.tree_util.tree_map(lambda a, i=i: a.addressable_shards[i].data, state) for i in range(2)
+        return [jax.tree.map(lambda a, i=i: a[i], state) for i in range(len(devs))]
+    copies = [
+        jax.tree.map(lambda a, d=d: {s.device: s.data for s in a.addressable_shards}[d], state)
+        for d in devs
     ]
+    return [dict(c, batch_stats=jax.tree.map(lambda a: a[0], c["batch_stats"])) for c in copies]
 
 
 @pytest.mark.numerics
@@ -375,6 +394,39 @@ def test_correct_counts_a_padded_test_batch_exactly(strategy):
     hits = [correct(state, x_all, y_all, idx) for idx in batches]
     want = [int(np.sum(idx % 3 != 1)) for idx in batches]
     assert [total([], [h])[1] for h in hits] == want
+
+
+@pytest.mark.multi_device
+@pytest.mark.parametrize("strategy", r18.STRATEGIES)
+def test_every_device_evaluates_with_device_0s_running_statistics(strategy, monkeypatch):
+    """`correct` splits a test batch over the devices, and each predicts its part with device
+    0's running statistics (as DDP's ranks with rank 0's buffers, Gluon's first context with its
+    own). Device 1's statistics are set far from device 0's, and the labels are the predictions
+    with device 0's: evaluated that way every row counts; with device 1's own for its part, or
+    the devices' average, some do not. A test batch of 8, padded to 2 x 4: 4 rows a device."""
+    monkeypatch.setattr(harness, "TEST_BATCH", 4)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((8, 8, 8, 1)).astype(np.float32)
+    net, opt = r18.resnet18(width=4, residuals=1), r18.make_optimizer(0.1)
+    variables = r18.init_weights(net, 0.1, 0)
+    mine = variables["batch_stats"]
+    far = jax.tree.map(lambda a: np.abs(a + 2 * rng.standard_normal(a.shape)).astype(a.dtype), mine)
+    labels = np.asarray(net.apply(variables, x, train=False)).argmax(-1).astype(np.int32)
+    theirs = dict(variables, batch_stats=far)
+    assert (np.asarray(net.apply(theirs, x[4:], train=False)).argmax(-1) != labels[4:]).any()
+    place, _, _, correct, total = getattr(r18, strategy)(
+        net, opt, runs.world_of(jax.devices("cpu")[:2])
+    )
+    state = place(dict(variables, opt_state=opt.init(variables["params"])))
+    stats = jax.tree.map(  # device 1's row far from device 0's
+        lambda a, b, c: jax.device_put(np.stack([b, c]), a.sharding),
+        state["batch_stats"],
+        mine,
+        far,
+    )
+    x_all, y_all = place([x, labels])
+    hits = correct(dict(state, batch_stats=stats), x_all, y_all, np.arange(8))
+    assert total([], [hits])[1] == 8
 
 
 @contextlib.contextmanager

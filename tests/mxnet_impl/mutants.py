@@ -151,14 +151,26 @@ MUTANTS = [
         "broadcast), where each context keeps its own",
     ),
     Mutant(
-        "mxnet-bn-evaluate-on-context-0",
+        "mxnet-bn-evaluate-each-context",
         "mxnet",
-        BN + "test_each_context_evaluates_its_share_on_its_own_statistics",
+        BN + "test_the_first_context_evaluates_the_test_batch_on_its_statistics",
         "mxnet_impl/resnet18.py",
-        "    xs, ys = (split_and_load(a.take(rows), devices, even_split=False) for a in (x, y))\n"
-        "    return mdev.add_up([evaluate(net, *xy) for xy in zip(xs, ys, strict=True)])",
-        "    return evaluate(net, x.take(rows), y.take(rows))",
-        "the whole test batch evaluated on the first context (d2l's one-device "
-        "evaluate_accuracy_gpu): context 0's statistics for every row",
+        "        return _correct_on(net, devices[0], x, y, idx)\n",
+        '        rows = nd.array(idx, ctx=devices[0], dtype="int64")\n'
+        "        xs, ys = (split_and_load(a.take(rows), devices, even_split=False)"
+        " for a in (x, y))\n"
+        "        return mdev.add_up([evaluate(net, *xy) for xy in zip(xs, ys, strict=True)])\n",
+        "the test batch split over the contexts, each on its own running statistics (d2l's "
+        "evaluate_accuracy_gpus), not all on the first context's",
+    ),
+    Mutant(
+        "mxnet-bn-dist-evaluate-each-worker",
+        "mxnet",
+        BN + "test_dist_sync_counts_the_test_batch_on_worker_0_alone[1]",
+        "mxnet_impl/resnet18.py",
+        "_correct_on(net, devices[0], x, y, idx) if world.rank == 0 else nd.zeros(1)",
+        "_correct_on(net, devices[0], x, y, _rows_of(idx, world.rank, world.size, len(devices)))",
+        "each dist worker counts its share of the test batch on its own first context's "
+        "statistics, not worker 0's",
     ),
 ]

@@ -1,8 +1,8 @@
 """BatchNorm under Gluon's context list (mxnet_impl/resnet18.py, `context_list`, `--strategy
 gluon`): each context normalises its own part of the batch and keeps running statistics of its
 own, so N contexts take the step that one context takes on a ghost batch (the batch in N parts,
-each normalised by its own statistics), and evaluation splits the test batch the same way, each
-context on its own running statistics.
+each normalised by its own statistics); the first context evaluates the whole test batch with its
+running statistics (worker 0's first context under `dist`), as DDP's ranks with rank 0's.
 
 The reference is one context that runs each part of the batch through the net alone, with a set
 of running statistics per part, and one Trainer step on the parts' summed gradient."""
@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 from mxnet import autograd, gluon, nd
 
+from common.devices import DevicePlan
+from common.world import World, alone
 from mxnet_impl import devices as mdev
 from mxnet_impl import resnet18 as r18
 from mxnet_impl import weights as mweights
@@ -184,30 +186,51 @@ def test_two_contexts_step_as_a_ghost_batch():
     )
 
 
+def _far_statistics(net, ctx, seed):
+    """Running statistics far from `ctx`'s (variances kept positive)."""
+    rng = np.random.default_rng(seed)
+    other = {k: v + rng.standard_normal(v.shape) for k, v in _stats(net, ctx).items()}
+    return {k: np.abs(v) if k.endswith("running_var") else v for k, v in other.items()}
+
+
+def _predicted(net, x, rows, ctx):
+    """Predictions of `rows` on `ctx`, outside autograd.record: BatchNorm on ctx's statistics."""
+    return net(nd.array(x[rows], ctx=ctx)).argmax(axis=1).asnumpy().astype(np.int32)
+
+
 @pytest.mark.multi_device
-def test_each_context_evaluates_its_share_on_its_own_statistics():
-    """`correct` splits the test batch over the contexts as a step does: each context predicts
-    its part with its own running statistics (never synced), and the counts add up on the first.
-    Context 1 is given statistics far from context 0's, and the labels are the predictions each
-    context makes of its own part: evaluated that way every row counts, with context 0's
-    statistics for every row some do not."""
+def test_the_first_context_evaluates_the_test_batch_on_its_statistics():
+    """`correct` counts the whole test batch on the first context, with its running statistics
+    (every device evaluates with device 0's in this project's torch and JAX). Context 1 is given
+    statistics far from context 0's, and the labels are context 0's predictions of every row:
+    evaluated that way every row counts; split over the contexts, each on its own statistics (d2l's
+    evaluate_accuracy_gpus), the rows on context 1 do not all count."""
     x, _ = _data(np.float32)
-    weights = _initial()
-    net = _net("float32", CTXS, weights)
-    world = runs.world_of(CTXS)
-    _, _, _, correct, _ = r18.context_list(net, r18.make_optimizer(LR), world)
-    rng = np.random.default_rng(3)
-    other = {k: v + rng.standard_normal(v.shape) for k, v in _stats(net, CTXS[0]).items()}
-    other = {k: np.abs(v) if k.endswith("running_var") else v for k, v in other.items()}
-    _set_stats(net, other, CTXS[1])
+    net = _net("float32", CTXS, _initial())
+    _, _, _, correct, _ = r18.context_list(net, r18.make_optimizer(LR), runs.world_of(CTXS))
+    _set_stats(net, _far_statistics(net, CTXS[0], 3), CTXS[1])
     idx = np.arange(8)
-    halves = np.split(idx, len(CTXS))
-
-    def predicted(rows, ctx):  # outside autograd.record: BatchNorm on ctx's running statistics
-        return net(nd.array(x[rows], ctx=ctx)).argmax(axis=1).asnumpy().astype(np.int32)
-
     labels = np.zeros(len(x), np.int32)
-    labels[idx] = np.concatenate([predicted(r, c) for r, c in zip(halves, CTXS, strict=True)])
-    assert (predicted(halves[1], CTXS[0]) != labels[halves[1]]).any()  # the statistics matter
+    labels[idx] = _predicted(net, x, idx, CTXS[0])
+    second = np.split(idx, len(CTXS))[1]
+    assert (_predicted(net, x, second, CTXS[1]) != labels[second]).any()  # the statistics matter
     x_dev, y_dev = mdev.to_device([x, labels], CTXS[0])
     assert float(correct(x_dev, y_dev, idx).asscalar()) == len(idx)
+
+
+@pytest.mark.multi_device
+@pytest.mark.parametrize("rank", [0, 1])
+def test_dist_sync_counts_the_test_batch_on_worker_0_alone(rank):
+    """Under `dist`, worker 0's first context counts the whole test batch (its statistics) and
+    every other worker counts nothing; `total` adds up the workers' counts. The worker's world
+    here is the kvstore `local` (the Trainer takes it as it takes dist_sync's)."""
+    x, _ = _data(np.float32)
+    net = _net("float32", CTXS, _initial())
+    world = World(rank, 2, CTXS, alone, DevicePlan(4, "cpu", True), mx.kv.create("local"))
+    _, _, _, correct, _ = r18.dist_sync(net, r18.make_optimizer(LR), world)
+    _set_stats(net, _far_statistics(net, CTXS[0], 3), CTXS[1])
+    idx = np.arange(8)
+    labels = np.zeros(len(x), np.int32)
+    labels[idx] = _predicted(net, x, idx, CTXS[0])
+    x_dev, y_dev = mdev.to_device([x, labels], CTXS[0])
+    assert float(correct(x_dev, y_dev, idx).asscalar()) == (len(idx) if rank == 0 else 0)

@@ -55,6 +55,28 @@ MUTANTS = [
         "rank's share's (without BatchNorm the averaged gradient would be the same)",
     ),
     Mutant(
+        "torch-r18-ddp-no-buffer-broadcast",
+        "torch",
+        "tests/torch_impl/test_resnet18.py::test_ddp_two_gloo_ranks_equal_one_device[per-device-bn]",
+        "torch_impl/resnet18.py",
+        "        wrapped = nn.parallel.DistributedDataParallel(net, device_ids=ids)\n",
+        "        wrapped = nn.parallel.DistributedDataParallel(\n"
+        "            net, device_ids=ids, broadcast_buffers=False\n        )\n",
+        "DDP without its buffer broadcast (a collective a step saved): each rank's running "
+        "statistics drift from rank 0's",
+    ),
+    Mutant(
+        "torch-r18-ddp-evaluates-local-module",
+        "torch",
+        "tests/torch_impl/test_resnet18.py::"
+        "test_each_ddp_rank_evaluates_with_rank_0s_running_statistics",
+        "torch_impl/resnet18.py",
+        "        return evaluate(wrapped, x[rows], y[rows])",
+        "        return evaluate(net, x[rows], y[rows])",
+        "each rank evaluates its share on the module DDP wraps, with its own running statistics "
+        "(DDP broadcasts rank 0's only in its own forward)",
+    ),
+    Mutant(
         "torch-r18-compiled-bf16-blocks",
         "torch",
         "tests/torch_impl/test_compile.py::test_compiled_steps_losses_match_eager_float64[cpu]",

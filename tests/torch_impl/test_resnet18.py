@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common import cli, collectives, config, data, devices, flops, weights
+from common import cli, config, data, devices, flops, weights
 from tests.fixtures import gpu_checks, numerics, runs
 from torch_impl import devices as tdev
 from torch_impl import guard, launch
@@ -25,6 +25,7 @@ from torch_impl import resnet18 as r18
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
 PARAMS = flops.PARAMETERS["resnet18"]  # d2l's ResNet-18 (conv biases, no shortcut BN)
+STATS = ("running_mean", "running_var")
 sys.path.insert(0, str(FIXTURES))
 import make_resnet18_parity as parity  # noqa: E402
 
@@ -96,6 +97,7 @@ def _join(rank, size, port):
     """Rank `rank` of `size` joins its group as a worker of torchrun does (launch.join)."""
     torch.set_num_threads(1)  # as torchrun's ranks; a forked one has none of OpenMP's threads
     os.environ.update(runs.torchrun_env(rank, size, port))
+    os.environ.setdefault("LOCAL_WORLD_SIZE", str(size))  # torchrun's: the ranks on this machine
     return launch.join(devices.DevicePlan(1, "cpu", True))
 
 
@@ -118,8 +120,7 @@ def _ddp_rank(rank, size, port, out, use_bn):
     _, shard, step, _, _ = r18.ddp(net, r18.make_optimizer(net, 0.1), world)
     for part in shard(steps):  # this rank's row of each global batch
         step(torch.from_numpy(x), torch.from_numpy(y), part)
-    if rank == 0:
-        np.savez(out, **r18.get_weights(net))
+    np.savez(f"{out}{rank}.npz", **r18.get_weights(net))
     # As in the worker: DDP (its reducer) goes before the group, the ranks meet first, and the
     # rank leaves without the interpreter's shutdown, which gloo's threads can abort.
     del step, shard
@@ -130,14 +131,31 @@ def _ddp_rank(rank, size, port, out, use_bn):
 def _ghost_batch_steps(net, x, y, steps, shares):
     """d2l's steps on one device, each batch through the net as `shares` parts one at a time,
     each with BatchNorm statistics of its own (a "ghost batch": what DDP's per-rank BatchNorm
-    computes), the parts' losses weighed to the batch's mean. With 1: the plain step."""
+    computes), the parts' losses weighed to the batch's mean. With 1: the plain step. Each part
+    starts from part 0's running statistics (DDP broadcasts rank 0's buffers before every
+    forward), part 0's go on: the buffers each part leaves at the last step, as numpy."""
     opt = r18.make_optimizer(net, 0.1)
     x, y = torch.from_numpy(x), torch.from_numpy(y)
     for idx in steps:
         opt.zero_grad(set_to_none=True)
+        first, left = _buffers(net), []
         for rows in data.shard_batch(idx, shares):
+            _load_buffers(net, first)
             (r18.loss_fn(net(x[rows]), y[rows]) / shares).backward()
+            left.append(_buffers(net))
+        _load_buffers(net, left[0])
         opt.step()
+    return [{k: v.numpy() for k, v in part.items()} for part in left]
+
+
+def _buffers(net):
+    return {k: b.detach().clone() for k, b in net.named_buffers()}
+
+
+def _load_buffers(net, saved):
+    with torch.no_grad():
+        for k, b in net.named_buffers():
+            b.copy_(saved[k])
 
 
 @pytest.mark.numerics
@@ -146,23 +164,70 @@ def _ghost_batch_steps(net, x, y, steps, shares):
 def test_ddp_two_gloo_ranks_equal_one_device(tmp_path, use_bn):
     """Two ranks equal one device that normalises each rank's share of the batch alone (DDP's
     per-rank BatchNorm; without BatchNorm, the plain one-device step). Two steps: 4 + 4, then
-    2 + 2. The parameters are compared: each rank's running statistics are its own (DDP
-    broadcasts rank 0's). The one-device run goes first: the ranks, forked after it, start
-    with what its steps loaded."""
+    2 + 2. Each rank's parameters against the one device's; its running statistics against
+    its part's, each part starting every step from part 0's (DDP broadcasts rank 0's buffers
+    before every forward: rank 0's are its own share's alone, rank 1's rank 0's moved on by its
+    last batch). The one-device run goes first: the ranks, forked after it, start with what its
+    steps loaded."""
     x, y, steps = _batches()
     net = _net(use_bn)
     start = r18.get_weights(net)
-    _ghost_batch_steps(net, x, y, steps, 2)
-    out = tmp_path / "ddp.npz"
+    parts = _ghost_batch_steps(net, x, y, steps, 2)
+    out = tmp_path / "ddp"
     _ranks(_ddp_rank, 2, str(out), use_bn)
     params = {name for name, _ in net.named_parameters()}
     single = {k: v for k, v in r18.get_weights(net).items() if k in params}
-    ddp = {k: v for k, v in np.load(out).items() if k in params}
+    limit = 1e3 * numerics.SAME_MATH_LIMIT
     # The steps moved the weights far more than the limit: the check can see a wrong step.
-    assert (
-        numerics.rel_error(single, {k: start[k] for k in single}) > 1e3 * numerics.SAME_MATH_LIMIT
-    )
-    numerics.check_same_math(f"torch resnet18 ddp 2 ranks vs 1 device ({use_bn=})", ddp, single)
+    assert numerics.rel_error(single, {k: start[k] for k in single}) > limit
+    name = f"torch resnet18 ddp 2 ranks vs 1 device ({use_bn=})"
+    for rank, part in enumerate(parts):
+        got = dict(np.load(f"{out}{rank}.npz"))
+        numerics.check_same_math(f"{name} rank {rank}", {k: got[k] for k in single}, single)
+        stats = {k: v for k, v in part.items() if k.endswith(STATS)}
+        if stats:  # the parts' statistics differ: the check can tell a rank's from another's
+            assert numerics.rel_error(stats, {k: parts[1 - rank][k] for k in stats}) > limit
+            mine = {k: got[k] for k in stats}
+            numerics.check_same_math(f"{name} rank {rank} statistics", mine, stats)
+
+
+def _evaluating_rank(rank, size, port, out):
+    """Rank `rank` counts its share of a test batch through the `ddp` strategy's `correct`, its
+    own running statistics set far from rank 0's (rank 1); the labels are the predictions with
+    rank 0's. Rank 0 saves the sum over the ranks and whether rank 1's own statistics would have
+    predicted its share otherwise."""
+    world = _join(rank, size, port)
+    net = _net(use_bn=True)
+    x = torch.from_numpy(np.random.default_rng(6).standard_normal((8, 1, 8, 8)))
+    with torch.no_grad():
+        labels = net.eval()(x).argmax(dim=1)
+    _, _, _, correct, total = r18.ddp(net.train(), r18.make_optimizer(net, 0.1), world)
+    far = np.random.default_rng(7)
+    with torch.no_grad():
+        for name, b in net.named_buffers():
+            if rank and name.endswith(STATS):
+                b.copy_(torch.from_numpy(np.abs(b.numpy() + 2 * far.standard_normal(b.shape))))
+        own = (net.eval()(x[4:]).argmax(dim=1) != labels[4:]).any().item()
+    hits = correct(x, labels, np.arange(8))
+    counted, differs = total([], [hits])[1], world.sum(np.array([float(own)]))[0]
+    if rank == 0:
+        Path(out).write_text(f"{counted} {differs}")
+    del correct, total
+    guard.end_process_group()
+    guard.exit_worker(0)
+
+
+@pytest.mark.multi_device
+def test_each_ddp_rank_evaluates_with_rank_0s_running_statistics(tmp_path):
+    """`correct` counts this rank's share of a test batch through DDP, whose forward broadcasts
+    rank 0's buffers first (its default): rank 1's own statistics, set far from rank 0's, are not
+    the ones it evaluates with. The labels are the predictions with rank 0's: every row counts.
+    With rank 1's own for its share (the local module), some do not."""
+    out = tmp_path / "counted.txt"
+    _ranks(_evaluating_rank, 2, str(out))
+    counted, differs = map(float, out.read_text().split())
+    assert differs == 1  # rank 1's own statistics would predict its share otherwise
+    assert counted == 8
 
 
 def _wrapped(rank, size, port, out):
@@ -368,34 +433,3 @@ def test_float32_gradients_match_float64(device):
     moved = numerics.perturb({**w, "input": x})
     off = _gradients(cpu, torch.float64, moved, moved.pop("input"), decisions)
     gpu_checks.check_float32_gradients(f"torch resnet18 {device} float32 gradient", got, want, off)
-
-
-def test_the_step_model_has_ddps_buckets(tmp_path):
-    """compare.scaling times each of common.collectives.step_collectives: for DDP, the buckets
-    it rebuilds in the order the backward readies the gradients (seen by a comm hook on the
-    third step). Within a layer that order is the backward's (a bias before its weight, or
-    after), so a bucket's edge may move by a layer's bias or BatchNorm vector: 2 x 512 floats."""
-    import torch.distributed as dist
-
-    store = f"file://{tmp_path / 'store'}"
-    dist.init_process_group("gloo", init_method=store, rank=0, world_size=1)
-    try:
-        net, seen = torch.nn.parallel.DistributedDataParallel(r18.resnet18()), []
-
-        def hook(steps, bucket):
-            if bucket.index() == 0:
-                steps.append([])
-            steps[-1].append(bucket.buffer().numel() * bucket.buffer().element_size())
-            done = torch.futures.Future()
-            done.set_result(bucket.buffer())
-            return done
-
-        net.register_comm_hook(seen, hook)
-        x, y = torch.zeros(2, 1, 28, 28), torch.zeros(2, dtype=torch.long)
-        for _ in range(3):
-            torch.nn.functional.cross_entropy(net(x), y).backward()
-    finally:
-        dist.destroy_process_group()
-    modelled = [size for size, _ in collectives.step_collectives("torch", "ddp", sync_bn=False)]
-    assert len(seen[-1]) == len(modelled) == 3, (seen, modelled)
-    assert np.allclose(seen[-1], modelled, rtol=0, atol=2 * 512 * 4), (seen, modelled)

@@ -1,15 +1,15 @@
 """torch's SyncBatchNorm (resnet18's --sync-bn: torch_impl/resnet18.py's main converts the net
-before the `ddp` strategy wraps it in DDP) normalises over the whole global batch: two ranks,
-each on its half of every batch, take the step of one process whose plain BatchNorm sees the
-whole batch. Their forward outputs, gradients, weights and running statistics agree (rule 1 of
-tests/fixtures/numerics.py, in float64).
+with `_sync_batch_norm` before the `ddp` strategy wraps it in DDP) normalises over the whole
+global batch: two ranks, each on its half of every batch, take the step of one process whose
+plain BatchNorm sees the whole batch. Their forward outputs, gradients, weights and running
+statistics agree (rule 1 of tests/fixtures/numerics.py, in float64).
 
 GPU tier: torch's SyncBatchNorm runs on CUDA only. DDP refuses it in a CPU module ("SyncBatchNorm
 layers only work with GPU modules"), the module refuses a CPU tensor in training ("SyncBatchNorm
 expected input tensor to be on GPU ..."), and the kernels it calls (aten::batch_norm_stats and
 the rest) have no CPU implementation. The two ranks share the one GPU and meet over gloo, which
-all-gathers and all-reduces CUDA tensors (NCCL wants a GPU per rank). main itself is not called:
-it loads Fashion-MNIST; `_net` takes its lines."""
+all-gathers and all-reduces CUDA tensors (NCCL wants a GPU per rank). main itself is not called
+(it loads Fashion-MNIST): `_net` builds the net as main does, with the lesson's own conversion."""
 
 import datetime
 from pathlib import Path
@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from common.devices import DevicePlan
 from common.world import World, alone
@@ -56,7 +55,7 @@ def _net(device, sync_bn):
     BatchNorms before DDP wraps it; then the GPU's layout."""
     net = r18.init_weights(r18.resnet18(width=4, residuals=1), 0.1, 0).double().to(device)
     if sync_bn:
-        net = nn.SyncBatchNorm.convert_sync_batchnorm(net)
+        net = r18._sync_batch_norm(net)
     return tdev.gpu_layout(net, device)
 
 
