@@ -39,11 +39,12 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from common import results
+from common import collectives, results
 from compare import checks, plots, records, resnet50
 from compare.readme import dirty
 from compare.records import Entry
 from compare.render import escape, literal_plot_text
+from compare.scaling_report import fmt_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 DIRECTIVE = re.compile(r'^(?P<indent>[ \t]*)--8<-- "(?P<path>[^":]+)(?::(?P<names>[^"]+))?"$', re.M)
@@ -80,7 +81,9 @@ def on_page_content(html, page, config, files):
 def _expand(match, page, config) -> str:
     path, names = match["path"], match["names"] or ""
     try:
-        if path.endswith(".py"):
+        if path == "common/collectives.py" and names.startswith("moves:"):
+            text = _moves_table(names.removeprefix("moves:"))
+        elif path.endswith(".py"):
             text = _code(path, names.split(","))
         elif path.endswith(".jsonl") and names.endswith(":accuracy"):
             text = _learning(path.split(","), names.removesuffix(":accuracy"), page, config)
@@ -138,6 +141,25 @@ def _source(lines: list[str], node) -> str:
     skip = range(doc.lineno, doc.end_lineno + 1) if ast.get_docstring(node) else ()
     kept = [lines[i - 1] for i in range(first, node.end_lineno + 1) if i not in skip]
     return textwrap.dedent("\n".join(kept))
+
+
+def _moves_table(workload: str) -> str:
+    """What each engine of `workload`'s lesson moves between devices in a step, a row per kind of
+    collective (common.collectives.moves, which each framework's suite holds to its engine)."""
+    head = ["engine", "op", "carrying", "per step", "bytes a step", "of them BatchNorm's"]
+    rows = [head, ["---"] * len(head)]
+    for m in collectives.moves(workload):
+        if not m.batchnorm_bytes:
+            share = "–"
+        elif m.batchnorm_bytes == m.bytes:
+            share = "all"
+        else:  # among others: BatchNorm's ops of their own, or its bytes in shared buckets
+            share = f"{m.batchnorm_count} ops, " * bool(m.batchnorm_count)
+            share += fmt_bytes(m.batchnorm_bytes)
+        size = fmt_bytes(m.bytes) if m.bytes else "–"
+        rows.append([_text(m.engine), _text(m.op), _text(m.what), m.count, size, share])
+    lines = ["| " + " | ".join(map(str, row)) + " |" for row in rows]
+    return "\n".join(['<div class="results" markdown>', "", *lines, "", "</div>"])
 
 
 def _scaling_table(path: str, workload: str, strategies: str = "") -> str:
