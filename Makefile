@@ -276,10 +276,12 @@ cluster: setup
 # nodes on loopback sharing the cores, then 2 nodes in network namespaces at each of LINKS (root).
 RANKS ?= 2 4 8
 COLLECTIVES_PRESET ?= cpu
+# More options for cluster.allreduce, e.g. COLLECTIVES_ARGS="--peer-timeout 120".
+COLLECTIVES_ARGS ?=
 .PHONY: collectives
 collectives: setup
 	$(VENV)/base/bin/python -m cluster.allreduce --frameworks $(SELECTED) --ranks $$RANKS \
-	  --links $$LINKS --preset "$$COLLECTIVES_PRESET" --results "$$RESULTS"
+	  --links $$LINKS --preset "$$COLLECTIVES_PRESET" --results "$$RESULTS" $$COLLECTIVES_ARGS
 
 # The main job: sets up what is missing, runs everything at the preset that fits the machine.
 compare: setup
@@ -311,4 +313,4 @@ clean:
 # writes into a recipe itself (FRAMEWORK, WORKLOAD, VENV, PYTHON, ...) is checked at the top.
 # (After every default above: an `export` of an undefined variable defines it, empty.)
 export GPUS PLATFORM RESULTS REPORTS PRESET STRATEGY ARGS NODES LINKS CLUSTER_PRESET CLUSTER_ARGS \
-  RANKS COLLECTIVES_PRESET
+  RANKS COLLECTIVES_PRESET COLLECTIVES_ARGS

@@ -51,7 +51,9 @@ DIRECTIVE = re.compile(r'^(?P<indent>[ \t]*)--8<-- "(?P<path>[^":]+)(?::(?P<name
 LINE = re.compile(r'<span id="__span-[\d-]+"(?=>( *))')  # a code line (pymdownx.highlight)
 LINK = re.compile(r"(?<!!)\[(?P<text>[^\]]*)\]\((?P<target>[^)\s:#]+)(?P<anchor>#[^)\s]*)?\)")
 DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
-RAN = {"processes": "a process each", "concurrent": "one process, concurrent"}
+# "concurrent" records a framework that may run its devices at once (a thread per device),
+# not that they overlapped: MXNet's contexts take turns all the same (docs/results.md).
+RAN = {"processes": "a process each", "concurrent": "one process, a thread per device"}
 RAN["sequential"] = "one process, in turn"  # a torch process computes on its devices in turn
 # Fashion-MNIST's ten classes: a guess is right one time in ten. A run under twice that has
 # learnt next to nothing (a few steps of a preset made for speed).

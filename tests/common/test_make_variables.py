@@ -133,3 +133,12 @@ def test_make_collectives_gives_its_defaults_to_the_command():
     show = 'show-env: ; @echo "$$RANKS|$$COLLECTIVES_PRESET"'
     out = make("-s", "--eval", show, "show-env")
     assert out.stdout.strip() == "2 4 8|cpu", out.stdout + out.stderr
+
+
+def test_make_collectives_passes_its_args_as_words_not_shell_text():
+    """COLLECTIVES_ARGS (a --peer-timeout, say) reaches cluster.allreduce as its own words."""
+    out = make("-n", "collectives", "COLLECTIVES_ARGS=--peer-timeout 120")
+    assert "$COLLECTIVES_ARGS" in out.stdout, out.stdout + out.stderr
+    show = 'show-env: ; @echo "$$COLLECTIVES_ARGS"'
+    out = make("-s", "--eval", show, "show-env", "COLLECTIVES_ARGS=--peer-timeout 120")
+    assert out.stdout.strip() == "--peer-timeout 120", out.stdout + out.stderr
