@@ -29,7 +29,7 @@ def _profiled_rank(rank, size, port, out):
     (the second rebuilds DDP's buckets in the order the backward readies the gradients) and
     records the gloo ops of the third: rank 0 saves them, (name, bytes) each."""
     torch.set_num_threads(1)
-    os.environ.update(runs.torchrun_env(rank, size, port), LOCAL_WORLD_SIZE=str(size))
+    os.environ.update(runs.torchrun_env(rank, size, port))
     world = launch.join(devices.DevicePlan(1, "cpu", True))
     net = r18.resnet18()
     _, shard, step, _, _ = r18.ddp(net, r18.make_optimizer(net, 0.1), world)

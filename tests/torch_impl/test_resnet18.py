@@ -97,7 +97,6 @@ def _join(rank, size, port):
     """Rank `rank` of `size` joins its group as a worker of torchrun does (launch.join)."""
     torch.set_num_threads(1)  # as torchrun's ranks; a forked one has none of OpenMP's threads
     os.environ.update(runs.torchrun_env(rank, size, port))
-    os.environ.setdefault("LOCAL_WORLD_SIZE", str(size))  # torchrun's: the ranks on this machine
     return launch.join(devices.DevicePlan(1, "cpu", True))
 
 
