@@ -16,14 +16,6 @@ from tests.fixtures import interrupt
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def importing_numpy(pid: int) -> bool:
-    """Whether numpy's core library is loaded in `pid`: it is importing, well before it runs."""
-    try:
-        return "_multiarray_umath" in Path(f"/proc/{pid}/maps").read_text()
-    except OSError:
-        return False
-
-
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 @pytest.mark.parametrize("framework", ["torch", "jax", "mxnet"])
 def test_a_stop_while_the_command_imports_is_one_line_and_its_code(framework, stop, tmp_path):
@@ -34,7 +26,11 @@ def test_a_stop_while_the_command_imports_is_one_line_and_its_code(framework, st
         cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True, preexec_fn=interrupt.terminal_signals
     )
     deadline = time.monotonic() + 30
-    while not importing_numpy(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
+    while (
+        not interrupt.importing_numpy(proc.pid)
+        and proc.poll() is None
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.002)
     proc.send_signal(stop)
     _, err = proc.communicate(timeout=60)

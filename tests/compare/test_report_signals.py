@@ -16,14 +16,6 @@ from tests.fixtures import interrupt
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def importing_numpy(pid: int) -> bool:
-    """Whether numpy's core library is loaded in `pid`: it is importing, well before it runs."""
-    try:
-        return "_multiarray_umath" in Path(f"/proc/{pid}/maps").read_text()
-    except OSError:
-        return False
-
-
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_stop_while_the_report_imports_is_one_line_and_its_code(stop, tmp_path):
     out = tmp_path / "reports"
@@ -37,7 +29,11 @@ def test_a_stop_while_the_report_imports_is_one_line_and_its_code(stop, tmp_path
         preexec_fn=interrupt.terminal_signals,
     )
     deadline = time.monotonic() + 30
-    while not importing_numpy(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
+    while (
+        not interrupt.importing_numpy(proc.pid)
+        and proc.poll() is None
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.002)
     proc.send_signal(stop)
     _, err = proc.communicate(timeout=60)
