@@ -11,7 +11,7 @@ import socket
 import time
 from pathlib import Path
 
-from common import supervise
+from common import config, supervise
 from common.nodes import Nodes
 
 # Each node's --nnodes, shared through node 0's rendezvous store (`share`): nodes given
@@ -19,22 +19,56 @@ from common.nodes import Nodes
 COUNTS_KEY = "multidevice.nnodes"  # in the store: "rank:count " of each node
 COUNTS_ENV = "MULTIDEVICE_NODE_COUNT"  # to torchrun: "rank count timeout endpoint"
 COUNTS_FILE_ENV = "MULTIDEVICE_NODE_COUNTS_FILE"  # what torchrun found in the store, for here
+NOTES_S = 5  # a worker's wait for every node's note: each is made as its torchrun starts
 
 
 def not_joined(nodes: Nodes, env: dict) -> str:
     """Why the rendezvous did not complete in time: the counts, where another node noted
     another (torchrun read them from the store), else the node that did not come."""
-    path = Path(env[COUNTS_FILE_ENV])
+    counts = _noted(Path(env[COUNTS_FILE_ENV]))
+    return _differ(counts, nodes.rank, nodes.count, nodes.endpoint) or nodes.timed_out()
+
+
+def check_round() -> None:
+    """In a worker, before it joins its group: the rendezvous also completes with nodes given
+    different counts (at the smaller: torch's round is complete for every node once one node's
+    count has joined), and the run would go on with a node short or end as a lost peer. Every
+    node of the round noted its count (`share`); a node whose count is not the round's, or that
+    sees another's, says the counts in one line. Waits a few seconds at most for the notes."""
+    if not os.environ.get(COUNTS_ENV):
+        return
+    rank, count, _, endpoint = os.environ[COUNTS_ENV].split(" ", 3)
+    nodes_in_round = int(os.environ["GROUP_WORLD_SIZE"])
+    end, counts = time.monotonic() + NOTES_S, {}
+    while len(counts) < nodes_in_round and time.monotonic() < end:
+        counts = _noted(Path(os.environ[COUNTS_FILE_ENV]))
+        time.sleep(0.2)
+    line = _differ(counts, int(rank), int(count), endpoint)
+    if not line and nodes_in_round != int(count):
+        line = (
+            f"the rendezvous at {endpoint} completed with {nodes_in_round} nodes, this node "
+            f"(node {rank}) was given --nnodes {count}: give every node the same --nnodes"
+        )
+    if line:
+        raise config.ConfigError(line)
+
+
+def _noted(path: Path) -> dict[int, int]:
+    """{node: its --nnodes} as the store held them when torchrun last wrote them to `path`."""
     noted = path.read_text().split() if path.is_file() else []
     pairs = (entry.split(":") for entry in noted)
-    counts = {int(r): int(c) for r, c in pairs if r.isdigit() and c.isdigit()}
-    other = {r: c for r, c in counts.items() if r != nodes.rank and c != nodes.count}
+    return {int(r): int(c) for r, c in pairs if r.isdigit() and c.isdigit()}
+
+
+def _differ(counts: dict[int, int], rank: int, count: int, endpoint: str) -> str:
+    """The line naming a node that noted another count than this node's, else ''."""
+    other = {r: c for r, c in counts.items() if r != rank and c != count}
     if not other:
-        return nodes.timed_out()
-    rank, count = min(other.items())
+        return ""
+    first, theirs = min(other.items())
     return (
-        f"node {rank} joined the rendezvous at {nodes.endpoint} with --nnodes {count}, this "
-        f"node (node {nodes.rank}) with --nnodes {nodes.count}: give every node the same --nnodes"
+        f"node {first} joined the rendezvous at {endpoint} with --nnodes {theirs}, this "
+        f"node (node {rank}) with --nnodes {count}: give every node the same --nnodes"
     )
 
 

@@ -170,11 +170,11 @@ def is_worker() -> bool:
 
 
 def joining(join):
-    """`launch.join`, and then the word that this worker is up (every node has joined: the
-    launcher's bounded wait ends)."""
+    """`launch.join`, nodes' counts checked first; then the word that this worker is up."""
 
     @functools.wraps(join)
     def joined(plan, args=None):
+        counts.check_round()  # a node given another --nnodes: the counts, not a lost peer
         world = join(plan, args)
         if world.group is not None:  # a worker, in its group
             supervise.note(supervise.READY_FILE_ENV)
@@ -214,9 +214,8 @@ def end_process_group() -> None:
     run ended well or diverged (every rank's training then stops), so none leaves while another
     still uses it (rank 0 writing the record); after another error they may never come.
     exit_worker then ends the worker: gloo's threads live on."""
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
+    dist = sys.modules.get("torch.distributed")  # unimported (stopped in torch's import): no group
+    if dist is None or not dist.is_initialized():
         return
     if sys.exc_info()[0] in (None, cli.training.Diverged):
         try:
