@@ -21,21 +21,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_a_stop_while_the_command_imports_is_one_line_and_its_code(framework, stop, tmp_path):
     cmd = [sys.executable, "-m", f"{framework}_impl", "--workload", "lenet", "--preset", "smoke"]
     cmd += ["--platform", "cpu", "--results", str(tmp_path / "r.jsonl")]
-    # with SIGINT at its default, as at a terminal: a suite run as a background job ignores it
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True, preexec_fn=interrupt.terminal_signals
-    )
-    deadline = time.monotonic() + 30
-    while (
-        not interrupt.importing_numpy(proc.pid)
-        and proc.poll() is None
-        and time.monotonic() < deadline
-    ):
-        time.sleep(0.002)
-    proc.send_signal(stop)
-    _, err = proc.communicate(timeout=60)
+    code, err = interrupt.stopped_while_importing(cmd, stop, ROOT)
     assert err.strip().splitlines() == [signals.STOPPED], err
-    assert proc.returncode == 128 + stop
+    assert code == 128 + stop
     assert not (tmp_path / "r.jsonl").exists()
 
 
