@@ -11,7 +11,7 @@
 
 override SHELL := /bin/bash
 override FRAMEWORKS := torch jax mxnet
-override WORKLOADS := lenet resnet18 resnet50
+override WORKLOADS := lenet resnet18 resnet50 zero
 VENV := .venv
 GPUS ?= 1
 PLATFORM ?= auto

@@ -20,6 +20,8 @@ def check_compile(framework: str, args: argparse.Namespace, n_devices: int) -> N
         return
     if framework == "jax":
         raise config.ConfigError("--compile is for torch: JAX always compiles (jit); drop it")
+    if args.workload == "zero":
+        raise config.ConfigError(f"{COMPILE_SCOPE}, not zero; drop it")
     if framework == "mxnet":
         raise config.ConfigError(
             "--compile is for torch: MXNet's resnet18 and resnet50 are hybridized (compiled) "
@@ -43,9 +45,28 @@ def check_amp(framework: str, args: argparse.Namespace, platform: str) -> None:
         return
     if args.workload == "lenet":
         raise config.ConfigError("lenet runs in float32 only, like the book; drop --amp")
+    if args.workload == "zero":
+        raise config.ConfigError(
+            "zero runs in float32, the byte counts ZeRO's closed forms give; drop --amp"
+        )
     if framework == "mxnet" and platform == "gpu":
         raise config.ConfigError(
             "MXNet 1.9's bf16 kernels are oneDNN's, for the CPU: on a GPU use --amp off"
+        )
+
+
+BUCKETED = {"resnet18": ("shard_map", "pmap"), "zero": ("fsdp_explicit",)}
+
+
+def check_unbucketed(framework: str, args: argparse.Namespace) -> None:
+    """--unbucketed where a JAX strategy packs its gradients itself, else one line."""
+    if not getattr(args, "unbucketed", False):
+        return
+    which = BUCKETED.get(args.workload, ())
+    if framework != "jax" or args.strategy not in which:
+        raise config.ConfigError(
+            "--unbucketed applies to JAX's explicit collectives (resnet18 shard_map and pmap, "
+            "zero fsdp_explicit), whose buckets the strategy packs itself; drop it"
         )
 
 
@@ -104,12 +125,18 @@ BF16_COST = {
 NODE_OPTIONS = ("--nnodes", "--node-rank", "--rdzv-endpoint", "--rdzv-timeout")
 MAX_TIMEOUT_S = 86400  # a day: a longer wait is a slip of the keyboard, and overflows clocks
 NODES_SCOPE = (
-    "--nnodes, --node-rank and --rdzv-* apply to resnet18's multi-node engines (torch ddp, "
-    "JAX sharding, MXNet dist) and to their allreduce"
+    "--nnodes, --node-rank and --rdzv-* apply to the multi-node engines of resnet18 (torch ddp, "
+    "JAX sharding, MXNet dist) and zero (all but MXNet's device), and to their allreduce"
 )
 # Each framework's engine over several machines: torchrun's c10d rendezvous, jax.distributed's
 # coordinator, ps-lite's scheduler (each at node 0's --rdzv-endpoint).
 NODE_STRATEGIES = {"torch": "ddp", "jax": "sharding", "mxnet": "dist"}
+# zero's strategies that run there too: each is one process per device under the same engine.
+ZERO_NODE_STRATEGIES = {
+    "torch": ("ddp", "zero1", "zero2", "zero3"),
+    "jax": ("sharding", "fsdp", "fsdp_explicit"),
+    "mxnet": ("dist", "server"),
+}
 
 
 def check_nodes(framework: str, args: argparse.Namespace) -> None:
@@ -118,9 +145,11 @@ def check_nodes(framework: str, args: argparse.Namespace) -> None:
     given = [o for o in NODE_OPTIONS if getattr(args, o[2:].replace("-", "_"), None) is not None]
     if not given:
         return
-    if args.workload not in ("resnet18", "allreduce"):
+    if args.workload not in ("resnet18", "zero", "allreduce"):
         raise config.ConfigError(f"{NODES_SCOPE}, not {args.workload}; drop {given[0]}")
     engine = NODE_STRATEGIES[framework]
+    if args.workload == "zero" and args.strategy in ZERO_NODE_STRATEGIES[framework]:
+        engine = args.strategy
     if args.strategy not in (None, engine):
         raise config.ConfigError(
             f"{NODES_SCOPE}, not {framework} resnet18 {args.strategy}; drop {given[0]}"
@@ -175,7 +204,9 @@ def several_processes(framework: str, args: argparse.Namespace, n_devices: int) 
         return True
     if framework == "jax":
         return os.environ.get("JAX_NUM_PROCESSES", "1").strip() not in ("", "0", "1")
-    if n_devices < 2 or args.workload not in ("resnet18", "allreduce"):
+    if n_devices < 2 or args.workload not in ("resnet18", "zero", "allreduce"):
         return False
     strategy = args.strategy or {"torch": "ddp"}.get(framework)
+    if args.workload == "zero":
+        return strategy in ZERO_NODE_STRATEGIES[framework] or framework == "torch"
     return args.workload == "allreduce" or strategy == NODE_STRATEGIES[framework]

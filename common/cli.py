@@ -96,7 +96,7 @@ def parser(framework: str) -> argparse.ArgumentParser:
         "--steps-per-epoch",
         type=whole_number,
         default=None,
-        help="resnet18: time this many steps per epoch and extrapolate the epoch's time",
+        help="resnet18, zero: time this many steps per epoch and extrapolate the epoch's time",
     )
     p.add_argument("--split-size", type=whole_number, default=None, help="resnet50 pipeline")
     p.add_argument("--sweep", action="store_true", help="resnet50: sweep the preset's split sizes")
@@ -106,6 +106,12 @@ def parser(framework: str) -> argparse.ArgumentParser:
         action="store_true",
         help="resnet18: BatchNorm over the whole batch of all devices, not each device's share "
         "(the default, as DDP and Gluon); JAX, and torch DDP on CUDA",
+    )
+    p.add_argument(
+        "--unbucketed",
+        action="store_true",
+        help="JAX resnet18 shard_map and pmap, zero fsdp_explicit: a collective per array, as "
+        "XLA:CPU runs them, not the gradients packed into one buffer first (the default)",
     )
     p.add_argument(
         "--compile",
@@ -178,16 +184,17 @@ def overrides(args: argparse.Namespace) -> dict:
             f"--split-size and --sweep apply to resnet50 only, not {args.workload}; drop them"
         )
     steps = getattr(args, "steps_per_epoch", None)
-    if args.workload != "resnet18" and steps is not None:
+    resnet18 = args.workload in config.RESNET18_WORKLOADS
+    if not resnet18 and steps is not None:
         raise config.ConfigError(
-            f"--steps-per-epoch applies to resnet18 only, not {args.workload}; drop it"
+            f"--steps-per-epoch applies to resnet18 and zero only, not {args.workload}; drop it"
         )
     return {
         "epochs": args.epochs,
         "batch_size": args.batch_size,
         "lr": args.lr,
         **({"split_size": args.split_size} if args.workload == "resnet50" else {}),
-        **({"steps_per_epoch": steps} if args.workload == "resnet18" else {}),
+        **({"steps_per_epoch": steps} if resnet18 else {}),
     }
 
 
@@ -234,6 +241,7 @@ def start(framework, argv=None, before_import=None, load=None) -> None:
     checks.check_compile(framework, args, plan.count)
     checks.check_amp(framework, args, plan.platform)
     checks.check_sync_bn(framework, args, plan.platform)
+    checks.check_unbucketed(framework, args)
     checks.check_ceiling(args, plan.count)
     checks.check_nodes(framework, args)
     checks.check_peer_timeout(framework, args, plan.count)
@@ -242,7 +250,7 @@ def start(framework, argv=None, before_import=None, load=None) -> None:
     processes.check_environment(framework, args.workload, args.strategy)
     profiling.check(framework, args, plan.count)
     results.check_writable(args.results)  # before hours of training, not after
-    if args.workload in ("lenet", "resnet18"):
+    if args.workload in ("lenet", *config.RESNET18_WORKLOADS):
         # Here, once, before the framework's import and before torchrun's or MXNet's
         # workers start: each would fail on its own, under its launcher's traceback.
         data.locate()

@@ -12,7 +12,10 @@ import math
 from dataclasses import dataclass
 
 PRESETS = ("smoke", "cpu", "full")
-WORKLOADS = ("lenet", "resnet18", "resnet50", "allreduce")
+WORKLOADS = ("lenet", "resnet18", "resnet50", "zero", "allreduce")
+# The workloads that train d2l's ResNet-18 on Fashion-MNIST: lesson 2, and lesson 4 (`zero`), its
+# state sharded over the devices.
+RESNET18_WORKLOADS = ("resnet18", "zero")
 
 
 class ConfigError(ValueError):
@@ -44,6 +47,19 @@ class Resnet18Config:
     steps_per_epoch: int | None = None  # None: a whole epoch; else the epoch time is extrapolated
     image_size: int = 28
     seed: int = 0
+
+
+@dataclass(frozen=True)
+class ZeroConfig(Resnet18Config):
+    """Lesson 4: lesson 2's ResNet-18, data and batches, trained with AdamW, whose two moments per
+    parameter are the optimizer state that ZeRO and FSDP shard (plain SGD has none). The
+    settings are torch's AdamW defaults, given to every framework (optax's own decay differs)."""
+
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
 
 
 @dataclass(frozen=True)
@@ -124,6 +140,18 @@ _PRESETS: dict[str, dict[str, dict]] = {
             "split_sizes": (1, 2, 4),
         },
     },
+    # resnet18's presets with AdamW's learning rate: DDP and its sharded forms on the same batches.
+    "zero": {
+        "full": {},
+        "cpu": {"epochs": 3, "batch_size": 64, "steps_per_epoch": 10, "test_subset": 1000},
+        "smoke": {
+            "epochs": 1,
+            "batch_size": 16,
+            "train_subset": 96,
+            "test_subset": 64,
+            "steps_per_epoch": 2,
+        },
+    },
     # The collectives need little compute: the same sizes on a CPU as on a GPU; smoke stops at
     # 4 KiB, for tests.
     "allreduce": {"full": {}, "cpu": {}, "smoke": {"max_bytes": 4**6, "budget_s": 0.02}},
@@ -133,6 +161,7 @@ _CLASSES = {
     "lenet": LenetConfig,
     "resnet18": Resnet18Config,
     "resnet50": Resnet50Config,
+    "zero": ZeroConfig,
     "allreduce": AllreduceConfig,
 }
 
@@ -178,7 +207,7 @@ def check_split_size(split_size: int, batch_size: int) -> None:
 
 
 def for_devices(cfg, n_devices: int):
-    """Resolve device-dependent values: resnet18 scales batch and lr with the device count."""
+    """Resolve device-dependent values: resnet18 and zero scale batch and lr with the devices."""
     if isinstance(cfg, Resnet18Config) and cfg.scale_with_devices and n_devices > 1:
         return dataclasses.replace(
             cfg,

@@ -156,7 +156,12 @@ def resnet50_layers(image_size=224, num_classes=1000, count_padding=True):
     return [*layers, dense("fc", c_in, num_classes)]
 
 
-_WORKLOADS = {"lenet": lenet_layers, "resnet18": resnet18_layers, "resnet50": resnet50_layers}
+_WORKLOADS = {
+    "lenet": lenet_layers,
+    "resnet18": resnet18_layers,
+    "resnet50": resnet50_layers,
+    "zero": resnet18_layers,  # lesson 4 trains lesson 2's model
+}
 
 
 def layers(workload: str, **shape) -> list[Layer]:
@@ -272,7 +277,7 @@ def shape_of(workload: str, cfg) -> dict:
     """The *_layers arguments of the model a workload's config trains (resnet18 at full width)."""
     if workload == "resnet50":
         return {"image_size": cfg.image_size, "num_classes": cfg.num_classes}
-    return {"image_size": cfg.image_size} if workload == "resnet18" else {}
+    return {"image_size": cfg.image_size} if workload in ("resnet18", "zero") else {}
 
 
 def peak_names(device_names: Sequence[str], gpu_names: Sequence[str], count: int) -> list[str]:

@@ -38,6 +38,7 @@ import numpy as np
 
 from common import (
     ceiling,
+    config,
     cores,
     data,
     devices,
@@ -328,9 +329,9 @@ def make_record(hooks: Hooks, args, plan, cfg, device_names, **fields) -> result
     extra = {"amp": args.amp, **fields.get("extra", {})}
     if "ceiling" in fields:  # --ceiling: measured in this run (training.EpochLog.record_fields)
         extra["ceiling"] = fields.pop("ceiling")
-    if args.workload in ("lenet", "resnet18"):  # which copy of Fashion-MNIST the run read
+    if args.workload in ("lenet", *config.RESNET18_WORKLOADS):  # which copy of Fashion-MNIST
         extra["data_dir"] = str(data.find_dir())
-    if args.workload == "resnet18":  # each device's share, or the whole batch (--sync-bn)
+    if args.workload in config.RESNET18_WORKLOADS:  # each device's share, or all (--sync-bn)
         extra["batch_norm"] = "sync" if getattr(args, "sync_bn", False) else "per-device"
     if hooks.framework == "torch":  # eager, or compiled (--compile): JAX and MXNet always compile
         extra["compiled"] = getattr(args, "compile", False)

@@ -293,7 +293,8 @@ def _check_ps_lite(env: Mapping[str, str], workload: str, strategy: str | None) 
     or by hand) or as the launcher (DMLC_ROLE unset; DMLC_NUM_WORKER, DMLC_NUM_SERVER and
     DMLC_PS_ROOT_PORT are its settings). A run that is neither would crash or wait forever."""
     role = env.get("DMLC_ROLE")
-    if strategy == "dist" and workload in ("resnet18", "allreduce"):
+    ps_lite = strategy == "dist" or (workload == "zero" and strategy == "server")
+    if ps_lite and workload in ("resnet18", "zero", "allreduce"):
         if role is None or role == "worker":
             return
         raise config.ConfigError(

@@ -113,3 +113,20 @@ class EpochLog:
         if self.ceiling is not None and self.ceiling.timer.times:
             fields["ceiling"] = self.ceiling.fields(self.sec_per_epoch, self.full_steps)
         return fields
+
+
+STATE_KINDS = ("params", "grads", "opt_state")
+
+
+def state_table(world, own: dict[int, dict[str, int]]) -> list[dict[str, int]]:
+    """Each device's bytes of parameters, gradients and optimizer state (lesson 4's record), in
+    the run's device order: `own` holds this process's devices' (by their place in that order),
+    read from their local shards; the rows of every process are summed with `world.sum` (float64
+    holds whole numbers exactly up to 2**53)."""
+    import numpy as np
+
+    table = np.zeros((world.plan.count, len(STATE_KINDS)))
+    for i, sizes in own.items():
+        table[i] = [sizes[k] for k in STATE_KINDS]
+    table = np.asarray(world.sum(table))
+    return [dict(zip(STATE_KINDS, map(int, row), strict=True)) for row in table]

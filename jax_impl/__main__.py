@@ -33,6 +33,8 @@ def load(workload: str):
         from jax_impl import lenet as module
     elif workload == "resnet18":
         from jax_impl import resnet18 as module
+    elif workload == "zero":
+        from jax_impl import zero as module
     elif workload == "allreduce":
         from jax_impl import allreduce as module
     else:

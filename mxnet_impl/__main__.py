@@ -31,6 +31,8 @@ def load(workload: str):
         from mxnet_impl import lenet as module
     elif workload == "resnet18":
         from mxnet_impl import resnet18 as module
+    elif workload == "zero":
+        from mxnet_impl import zero as module
     elif workload == "allreduce":
         from mxnet_impl import allreduce as module
     else:

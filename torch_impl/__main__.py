@@ -19,6 +19,8 @@ def load(workload: str):
         from torch_impl import lenet as module
     elif workload == "resnet18":
         from torch_impl import resnet18 as module
+    elif workload == "zero":
+        from torch_impl import zero as module
     elif workload == "allreduce":
         from torch_impl import allreduce as module
     else:
