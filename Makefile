@@ -263,6 +263,7 @@ docs: $(VENV)/base/.stamp
 # A cluster in one box (cluster/train.py): a network namespace per node on a link of its own
 # (LINKS: unlimited, 10gbit, 1gbit, 100mbit, ...), each node on its own cores running its
 # framework's multi-node engine for resnet18; one record per run. Needs root (CAP_NET_ADMIN).
+# Lesson 4's sharded strategies: CLUSTER_ARGS="--workload zero [--strategy zero2] ...".
 NODES ?= 1 2
 LINKS ?= unlimited 10gbit 1gbit 100mbit
 CLUSTER_PRESET ?= cpu

@@ -3,7 +3,8 @@ a cluster in one box (`make cluster`), each framework's own multi-node engine in
 
 Every node is a network namespace of its own (common/netns.py) on its own cores, joined to the
 others by a link that exists only between them, at a rate `tc` sets; on it runs the command a
-user would type on a real machine of a real cluster (resnet18, one device per node by default):
+user would type on a real machine of a real cluster (resnet18, one device per node by default;
+`--workload zero` runs lesson 4's sharded strategies, `--strategy` choosing one):
 
     python -m <framework>_impl --workload resnet18 --gpus G --cores-per-device K \\
         --nnodes N --node-rank R --rdzv-endpoint 10.213.0.1:29500 ...
@@ -60,6 +61,9 @@ ENGINES = {  # framework: (strategy, what its nodes run)
     "jax": ("sharding", "all-reduce (gloo, XLA)"),
     "mxnet": ("dist", "parameter server (ps-lite, kvstore dist_sync)"),
 }
+# zero's strategy on each node where --strategy names none: each engine's most sharded one.
+ZERO_DEFAULT = {"torch": "zero3", "jax": "fsdp", "mxnet": "server"}
+ZERO_ENGINES = {"torch": "gloo", "jax": "gloo, XLA", "mxnet": "ps-lite, kvstore dist_sync"}
 PORT = 29500  # node 0's rendezvous port: inside the namespaces nothing else listens
 PROBE_PORT = 29499
 EXIT_WAIT_S = 60  # every node ends this soon after the first one that finished
@@ -71,6 +75,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--frameworks", nargs="+", default=list(ENGINES), choices=list(ENGINES))
     p.add_argument("--nodes", nargs="+", type=int, default=[1, 2], help="node counts to run")
     p.add_argument("--links", nargs="+", default=["unlimited"], help="unlimited, 10gbit, ...")
+    p.add_argument("--workload", default="resnet18", choices=config.RESNET18_WORKLOADS)
+    p.add_argument("--strategy", default=None, help="zero: the strategy (one framework)")
     p.add_argument("--gpus-per-node", type=int, default=1, help="devices on each node")
     p.add_argument("--cores-per-device", type=int, default=1)
     p.add_argument("--preset", default="cpu", choices=config.PRESETS)
@@ -109,6 +115,7 @@ def check(args) -> None:
     if not (math.isfinite(args.timeout) and args.timeout > 0):
         raise config.ConfigError(f"--timeout must be a number of seconds > 0, got {args.timeout}")
     checks.check_seconds("--peer-timeout", args.peer_timeout)
+    check_strategy(args)
     nodes = max(args.nodes)  # each link carries a step's gradient within the nodes' bound
     ranks = nodes * args.gpus_per_node if nodes > 1 else 1  # one node's crosses no link
     gradient = flops.gradient_bytes("resnet18")
@@ -124,6 +131,30 @@ def check(args) -> None:
         )
     results.check_writable(args.results)
     netns.check_can_make()
+
+
+def check_strategy(args) -> None:
+    """--strategy: zero's, one each framework runs over several machines."""
+    if args.strategy is None:
+        return
+    if args.workload != "zero":
+        raise config.ConfigError("--strategy chooses among zero's strategies; add --workload zero")
+    for fw in args.frameworks:
+        if args.strategy not in checks.ZERO_NODE_STRATEGIES[fw]:
+            raise config.ConfigError(
+                f"{fw} runs zero over several machines as one of "
+                f"{', '.join(checks.ZERO_NODE_STRATEGIES[fw])}, not {args.strategy!r}"
+            )
+
+
+def strategy_of(fw: str, nodes: int, args) -> str:
+    """One node is the engine's compute alone: Gluon on its one device for MXNet's resnet18,
+    whose dist on one node would add a local parameter server that no 1-device run has (torch's
+    DDP and JAX's mesh of one device train the plain model). zero's one node runs the strategy
+    itself: its sharding over one device is the baseline its nodes are measured against."""
+    if args.workload == "zero":
+        return args.strategy or ZERO_DEFAULT[fw]
+    return ENGINES[fw][0] if nodes > 1 or fw != "mxnet" else "gluon"
 
 
 def check_links(rates, payload: int, ranks: int, peer_timeout: int, what: str) -> None:
@@ -154,17 +185,14 @@ def node_cores(node: int, args) -> list[int]:
 
 def node_command(fw: str, node: int, nodes: int, args, out: Path, net) -> list[str]:
     python = args.python or str(Path(args.venv) / fw / "bin" / "python")
-    cmd = [python, "-m", f"{fw}_impl", "--workload", "resnet18", "--gpus", str(args.gpus_per_node)]
+    cmd = [python, "-m", f"{fw}_impl", "--workload", args.workload]
+    cmd += ["--gpus", str(args.gpus_per_node)]
     cmd += ["--platform", "cpu", "--preset", args.preset, "--no-progress"]
     cmd += ["--cores-per-device", str(args.cores_per_device), "--results", str(out)]
     for flag, value in (("--epochs", args.epochs), ("--steps-per-epoch", args.steps_per_epoch)):
         if value is not None:
             cmd += [flag, str(value)]
-    # One node is the engine's compute alone: Gluon on its one device for MXNet, whose dist on
-    # one node would add a local parameter server that no 1-device run has (torch's DDP and
-    # JAX's mesh of one device train the plain model).
-    strategy = ENGINES[fw][0] if nodes > 1 or fw != "mxnet" else "gluon"
-    cmd += ["--strategy", strategy] + (["--sync-bn"] if args.sync_bn else [])
+    cmd += ["--strategy", strategy_of(fw, nodes, args)] + (["--sync-bn"] if args.sync_bn else [])
     if nodes > 1:
         endpoint = f"{net.address(0)}:{PORT}"
         cmd += ["--nnodes", str(nodes), "--node-rank", str(node), "--rdzv-endpoint", endpoint]
@@ -232,6 +260,8 @@ def with_cluster_fields(rec: dict, fw: str, nodes: int, rate: str, measured: dic
     extra = rec.setdefault("extra", {})
     extra["nodes"] = nodes
     extra["engine"] = ENGINES[fw][1] if nodes > 1 else "one device"
+    if args.workload == "zero" and nodes > 1:
+        extra["engine"] = f"{strategy_of(fw, nodes, args)} ({ZERO_ENGINES[fw]})"
     extra["gradient_bytes"] = flops.gradient_bytes("resnet18")
     extra["cores_used"] = [c for i in range(nodes) for c in node_cores(i, args)]
     extra["link"] = {
@@ -253,7 +283,8 @@ def run_all(args) -> None:
     runs = plan(args)
     with cores.held(cluster_cores(args), "cluster"), signals.as_interrupt():
         for i, (fw, nodes, rate) in enumerate(runs, start=1):
-            print(f"[{i}/{len(runs)}] {fw} resnet18 on {nodes} node(s), link {rate}", flush=True)
+            what = f"{fw} {args.workload} on {nodes} node(s), link {rate}"
+            print(f"[{i}/{len(runs)}] {what}", flush=True)
             rec = run_one(fw, nodes, rate, args)
             results.append_line(rec, args.results)
             print(f"[{i}/{len(runs)}] ok: {rec['sec_per_epoch']['median']:.3g} s/epoch", flush=True)

@@ -248,6 +248,11 @@ def test_without_cap_net_admin_the_cluster_says_so_in_one_line(monkeypatch, caps
             "give --peer-timeout 165 or more, or a faster link",
         ),
         (["--links", "8kbit", "--peer-timeout", "3600"], "link 8kbit: a resnet18 step's"),
+        (["--strategy", "zero3"], "--strategy chooses among zero's strategies; add --workload"),
+        (
+            ["--workload", "zero", "--strategy", "zero3"],
+            "jax runs zero over several machines as one of sharding, fsdp, fsdp_explicit, not",
+        ),
         (["--nodes", "0"], "must be >= 1"),
         (["--nodes", str(cores + 1)], f"this machine gives {cores}"),
     ],
@@ -280,6 +285,28 @@ def test_each_node_runs_the_batchnorm_asked_for(sync, tmp_path):
     cmd = cluster.node_command("jax", 1, 2, args, tmp_path / "r.jsonl", net)
     assert ("--sync-bn" in cmd) == sync
     assert cmd[cmd.index("--strategy") + 1] == "sharding"
+
+
+@pytest.mark.parametrize(
+    ("framework", "strategy", "one", "several"),
+    [
+        ("torch", None, "zero3", "zero3"),
+        ("mxnet", None, "server", "server"),
+        ("jax", "fsdp_explicit", "fsdp_explicit", "fsdp_explicit"),
+        ("torch", "zero1", "zero1", "zero1"),
+    ],
+)
+def test_zero_runs_its_strategy_on_one_node_and_on_several(framework, strategy, one, several):
+    """Lesson 4 on the cluster: the strategy asked for (each engine's most sharded by default),
+    the same on one node as on several: its sharding over one device is the baseline."""
+    argv = ["--frameworks", framework, "--workload", "zero"]
+    args = cluster.parser().parse_args(argv + (["--strategy", strategy] if strategy else []))
+    cluster.check_strategy(args)
+    net = type("Net", (), {"address": lambda self, node: "10.0.0.1"})()
+    for nodes, want in ((1, one), (2, several)):
+        cmd = cluster.node_command(framework, 0, nodes, args, Path("r.jsonl"), net)
+        assert cmd[cmd.index("--workload") + 1] == "zero"
+        assert cmd[cmd.index("--strategy") + 1] == want
 
 
 def test_each_node_is_given_the_peer_timeout_and_a_slow_link_that_carries_a_step_is_taken(
