@@ -126,7 +126,7 @@ NODE_OPTIONS = ("--nnodes", "--node-rank", "--rdzv-endpoint", "--rdzv-timeout")
 MAX_TIMEOUT_S = 86400  # a day: a longer wait is a slip of the keyboard, and overflows clocks
 NODES_SCOPE = (
     "--nnodes, --node-rank and --rdzv-* apply to the multi-node engines of resnet18 (torch ddp, "
-    "JAX sharding, MXNet dist) and zero (all but MXNet's device), and to their allreduce"
+    "JAX sharding, MXNet dist), zero's strategies, and their allreduce"
 )
 # Each framework's engine over several machines: torchrun's c10d rendezvous, jax.distributed's
 # coordinator, ps-lite's scheduler (each at node 0's --rdzv-endpoint).

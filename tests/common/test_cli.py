@@ -30,6 +30,7 @@ def test_bad_setting_fails_before_the_framework_is_imported(capsys):
         ("mxnet", "resnet18", "gpu", "on a GPU use --amp off"),
         ("mxnet", "resnet18", "cpu", None),
         ("torch", "resnet18", "gpu", None),
+        ("torch", "zero", "cpu", "zero runs in float32"),
     ],
 )
 def test_bf16_where_a_bf16_path_exists(framework, workload, platform, message):
@@ -61,6 +62,41 @@ def test_sync_bn_where_the_engine_has_one(framework, workload, strategy, platfor
     else:
         with pytest.raises(config.ConfigError, match=message):
             checks.check_sync_bn(framework, args, platform)
+
+
+@pytest.mark.parametrize(
+    ("framework", "workload", "strategy", "message"),
+    [
+        ("jax", "resnet18", "shard_map", None),
+        ("jax", "resnet18", "pmap", None),
+        ("jax", "zero", "fsdp_explicit", None),
+        ("jax", "resnet18", "sharding", "--unbucketed applies to JAX's explicit collectives"),
+        ("jax", "zero", "fsdp", "--unbucketed applies to JAX's explicit collectives"),
+        ("torch", "zero", "zero3", "--unbucketed applies to JAX's explicit collectives"),
+        ("mxnet", "resnet18", "dist", "--unbucketed applies to JAX's explicit collectives"),
+    ],
+)
+def test_unbucketed_where_a_strategy_packs_its_own_buckets(framework, workload, strategy, message):
+    args = argparse.Namespace(workload=workload, strategy=strategy, unbucketed=True)
+    if message is None:
+        checks.check_unbucketed(framework, args)
+    else:
+        with pytest.raises(config.ConfigError, match=message):
+            checks.check_unbucketed(framework, args)
+
+
+@pytest.mark.parametrize(
+    ("framework", "strategy", "engine"),
+    [("torch", "zero2", "zero2"), ("jax", "fsdp", "fsdp"), ("mxnet", "server", "server")],
+)
+def test_zero_runs_its_sharded_strategies_over_several_machines(framework, strategy, engine):
+    argv = ["--workload", "zero", "--strategy", strategy, "--nnodes", "2", "--node-rank", "1"]
+    args = cli.parser(framework).parse_args([*argv, "--rdzv-endpoint", "10.0.0.1:29500"])
+    checks.check_nodes(framework, args)
+    assert args.strategy == engine
+    args.strategy = "zero9"
+    with pytest.raises(config.ConfigError, match="zero's strategies, and"):
+        checks.check_nodes(framework, args)
 
 
 @pytest.mark.parametrize(
