@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 
 from common import cores, results
 
-WORKLOADS = ("lenet", "resnet18", "resnet50")
+WORKLOADS = ("lenet", "resnet18", "resnet50", "zero")
 # A resnet50 record whose stages all ran on one device: it measures overhead, not overlap.
 SHARED_DEVICE = "stages_share_device"
 CEILING = "ceiling"  # a ceiling record's strategy: shown against the training, not in its tables
@@ -50,6 +50,8 @@ def _problems(rec):
         yield "extra is not an object"
     yield from _extra(rec, extra)
     yield from _cores(extra)
+    if rec.workload == "zero":
+        yield from _zero(rec, extra)
     if extra.get("nodes") is not None:
         yield from _cluster(rec, extra)
     yield from _origin(rec)
@@ -118,6 +120,53 @@ def _extra(rec, extra: dict):
         yield "extra.ceiling is not an object"
     yield from _stats("extra.ceiling.sec_per_epoch", c["sec_per_epoch"])
     yield optional_count("extra.ceiling.steps_timed", c.get("steps_timed"))
+
+
+ZERO_OPS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "push", "pull")
+ZERO_KINDS = ("params", "grads", "opt_state")
+
+
+def _zero(rec, extra: dict):
+    """Lesson 4's fields: its stage, Ψ, each device's state bytes, the peak and the collectives
+    (compare/memory.py reads them)."""
+    if extra.get("zero_stage") not in (0, 1, 2, 3) or isinstance(extra.get("zero_stage"), bool):
+        yield f"extra.zero_stage must be 0, 1, 2 or 3, got {shown(extra.get('zero_stage'))}"
+    if extra.get("state_on", "devices") not in ("devices", "servers"):
+        yield f"extra.state_on must be devices or servers, got {shown(extra['state_on'])}"
+    yield count("extra.parameters", extra.get("parameters"))
+    rows = extra.get("state_bytes")
+    ok = isinstance(rows, list) and len(rows) == rec.devices
+    if not (
+        ok
+        and all(
+            isinstance(r, dict) and all(nonnegative(r.get(k)) for k in ZERO_KINDS) for r in rows
+        )
+    ):
+        yield "extra.state_bytes must be a list of {params, grads, opt_state} bytes, one per device"
+    peak = extra.get("peak_bytes")
+    if peak is not None and not (
+        isinstance(peak, dict)
+        and isinstance(peak.get("bytes"), list)
+        and all(nonnegative(b) for b in peak["bytes"])
+        and text(peak.get("source"))
+        and text(peak.get("includes"))
+    ):
+        yield "extra.peak_bytes must be {bytes: a list of whole numbers, source, includes}"
+    ops = extra.get("step_collectives")
+    if ops is not None and not (
+        isinstance(ops, list)
+        and all(
+            isinstance(c, dict)
+            and c.get("op") in ZERO_OPS
+            and nonnegative(c.get("count"))
+            and nonnegative(c.get("bytes"))
+            for c in ops
+        )
+    ):
+        ops = ", ".join(ZERO_OPS)
+        yield f"extra.step_collectives must be a list of {{op ({ops}), count, bytes}}"
+    if extra.get("collectives_source") is not None and not text(extra["collectives_source"]):
+        yield f"extra.collectives_source must be a string, got {shown(extra['collectives_source'])}"
 
 
 def _cores(extra: dict):
@@ -193,6 +242,10 @@ def count(name: str, x, high: int = MAX_COUNT) -> str | None:
     if whole(x) and 1 <= x <= high:
         return None
     return f"{name} must be a whole number >= 1 (at most {high}), got {shown(x)}"
+
+
+def nonnegative(x) -> bool:
+    return whole(x) and x >= 0
 
 
 def optional_count(name: str, x, high: int = MAX_COUNT) -> str | None:

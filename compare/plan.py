@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from common import checks as zero_checks
 from common import config, devices
 
 ALL = ("torch", "jax", "mxnet")
@@ -50,10 +51,24 @@ PINNED_FLAGS = {
     "lenet": ("--epochs", "3"),
     "resnet18": ("--steps-per-epoch", "5"),
     "resnet50": (),
+    "zero": ("--steps-per-epoch", "5"),
 }
 PINNED_1 = "only on a CPU: the 1-device baseline of the 2-device run, on one device's cores"
 ONE_GPU = "the 2-device runs cannot run: at least the single-device time"
 ONE_GPU_SWEEP = "the 2-device sweep cannot run: the split sizes with both stages on the one GPU"
+# Lesson 4 (zero): what it measures is memory and bytes, which a step's shards and program give
+# whatever the step's length, so each run is short (PINNED_FLAGS). Every strategy runs on 2
+# devices, a core each (a CPU's 2 devices cannot hold more cores apart); each framework's plain
+# data parallel (ZERO_BASELINES) on 1 device too, the baseline of every strategy's time and the
+# closed forms' N = 1. A sharded strategy on 1 device holds what DDP holds: not run.
+ZERO_STRATEGIES = zero_checks.ZERO_NODE_STRATEGIES  # every zero strategy, its baseline first
+ZERO_BASELINES = {fw: strategies[0] for fw, strategies in ZERO_STRATEGIES.items()}
+ZERO_RUNS = tuple(
+    Run("zero", n, (fw,), strategy, pinned=True)
+    for fw, strategies in ZERO_STRATEGIES.items()
+    for strategy in strategies
+    for n in ((1, 2) if strategy == ZERO_BASELINES[fw] else (2,))
+)
 RUNS: tuple[Run, ...] = (
     Run("lenet", 1, ALL, None),
     Run("lenet", 1, ALL, None, (), "cpu", PINNED_1, pinned=True),
@@ -88,6 +103,7 @@ RUNS: tuple[Run, ...] = (
     Run("resnet50", 2, ALL, None, ("--sweep",), pinned=True),  # split_size sweep
     Run("resnet50", 2, ("torch",), "gpipe", pinned=True),
     Run("resnet50", 2, ("torch",), "1f1b", pinned=True),
+    *ZERO_RUNS,
     Run("resnet50", 1, ALL, None, (), "1gpu", ONE_GPU),
     Run("resnet50", 1, ALL, None, ("--sweep",), "1gpu", ONE_GPU_SWEEP),
 )

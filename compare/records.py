@@ -18,6 +18,17 @@ STRATEGY_ORDER = {
     "lenet": ("scratch",),
     "resnet18": ("ddp", "dataparallel", "sharding", "shard_map", "pmap", "gluon"),
     "resnet50": ("single", "model_parallel", "pipeline", "gpipe", "1f1b"),
+    "zero": (
+        "ddp",
+        "zero1",
+        "zero2",
+        "zero3",
+        "sharding",
+        "fsdp",
+        "fsdp_explicit",
+        "dist",
+        "server",
+    ),
 }
 NO_TRAINING = "a ceiling with no training record of its machine group to compare it with"
 

@@ -21,7 +21,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from common import config, devices
-from compare import collectives, records, render, resnet50, scaling_report, summary, tables
+from compare import (
+    collectives,
+    memory,
+    records,
+    render,
+    resnet50,
+    scaling_report,
+    summary,
+    tables,
+)
 from compare.checks import WORKLOADS
 from compare.records import Entry, LeftOut, Machine
 from compare.render import Doc, check_out  # check_out: compare.run's too
@@ -33,6 +42,7 @@ HEADINGS = {
     "lenet": "lenet: data parallel from scratch (d2l 13.5)",
     "resnet18": "resnet18: concise data parallel (d2l 13.6)",
     "resnet50": "resnet50: model parallel and pipelined (PyTorch tutorial)",
+    "zero": "zero: sharded data parallel (ZeRO-1, -2, -3 and FSDP), AdamW",
 }
 TITLE = "Multi-device training side by side: PyTorch, JAX, MXNet"
 THROUGHPUT = "Throughput: TFLOP/s and % of peak"
@@ -191,6 +201,8 @@ class Report:
                 self.resnet50(m, entries)
             else:
                 self.data_parallel(m, workload, entries)
+            if workload == "zero" and entries:
+                self.zero(entries)
         if m.cluster:
 
             def draw(workload: str, lines, used: list[Entry]) -> None:
@@ -233,6 +245,15 @@ class Report:
         self.figure(m, "scaling", f"{workload}_scaling.png", what, entries, rows)
         what = f"{workload}: test accuracy per epoch"
         self.figure(m, "accuracy", f"{workload}_accuracy.png", what, entries, rows)
+
+    def zero(self, entries: list[Entry]) -> None:
+        """Lesson 4: each device's state bytes beside ZeRO's closed forms, and what a step moves
+        beside the textbook (compare/memory.py)."""
+        what = "Memory per device: state bytes against ZeRO's closed forms"
+        self.table(what, memory.memory_table(entries))
+        self.table("What a step moves, against the textbook", memory.bytes_table(entries))
+        what = "Seconds per epoch, a core per device, against plain data parallel on 1 device"
+        self.table(what, memory.time_table(entries))
 
     def resnet50(self, m: Machine, entries: list[Entry]) -> None:
         rows, left = resnet50.rows_of(entries)
