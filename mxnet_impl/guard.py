@@ -23,8 +23,43 @@ from pathlib import Path
 from common import checks, cli, config, cores, devices, processes, signals
 
 ROOT = Path(__file__).resolve().parent.parent
-# A scheduler or server, by its DMLC_ROLE; it ends with its launcher, even a SIGKILLed one.
-SERVE = [sys.executable, "-c", "from common import signals; signals.watch_launcher(); import mxnet"]
+# A scheduler or server, by its DMLC_ROLE (`serve`), ending with its launcher, even a SIGKILLed one.
+SERVE = [sys.executable, "-c", "from mxnet_impl import guard; guard.serve()"]
+
+
+def serve() -> None:
+    """Run this process's kvstore role (DMLC_ROLE: scheduler or server) as `import mxnet` runs
+    it, but after MXNet's import is complete: MXNet's own start runs the role halfway through its
+    import, before Gluon, and a server there cannot unpickle an optimizer whose module imports
+    Gluon (lesson 4's AdamW, sent by update_on_kvstore)."""
+    signals.watch_launcher()
+    role = os.environ.pop("DMLC_ROLE")  # imported as a worker would: nothing starts
+    import mxnet as mx
+    from mxnet.kvstore.kvstore_server import KVStoreServer
+
+    os.environ["DMLC_ROLE"] = role  # ps-lite reads it when the kvstore is made
+    kv = mx.kv.create("dist")
+    kv.set_optimizer = lambda optimizer: kv._set_updater(_summing(optimizer))
+    KVStoreServer(kv).run()
+
+
+def _summing(optimizer):
+    """A server's updater for `optimizer` (what KVStore.set_optimizer installs) that leaves the
+    world's sums (launch.SUM_KEY and above) the sums a server without an optimizer keeps: its
+    updater sees every key, and would update them as weights."""
+    import mxnet as mx
+
+    from mxnet_impl import launch
+
+    update = mx.optimizer.get_updater(optimizer)
+
+    def updater(key, merged, stored):
+        if key >= launch.SUM_KEY:
+            stored[:] = merged
+        else:
+            update(key, merged, stored)
+
+    return updater
 
 
 def counts(n_contexts: int) -> tuple[int, int]:

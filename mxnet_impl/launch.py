@@ -93,13 +93,14 @@ def dist_sync(worker_cmd: list[str], n_contexts: int, what: str, args=None) -> N
             raise SystemExit(e.code) from None
 
 
-def worker_argv(args, n_contexts: int) -> list[str]:
+def worker_argv(args, n_contexts: int, strategy: str = "dist") -> list[str]:
     """A worker's command line: the user's, as one worker of every node's contexts (the
-    DMLC_* variables say where the others are; --nnodes is the launcher's)."""
+    DMLC_* variables say where the others are; --nnodes is the launcher's), running `strategy`
+    (each of lesson 4's strategies is a kvstore run)."""
     nodes = getattr(args, "nnodes", None) or 1
     gone = {"nnodes": None, "node_rank": None, "rdzv_endpoint": None, "rdzv_timeout": None}
     gone["peer_timeout"] = None  # the workers' environment has it (PEER_TIMEOUT_ENV)
-    return cli.worker_argv(args, strategy="dist", gpus=n_contexts * nodes, **gone)
+    return cli.worker_argv(args, strategy=strategy, gpus=n_contexts * nodes, **gone)
 
 
 def is_worker() -> bool:
