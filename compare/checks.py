@@ -122,7 +122,9 @@ def _extra(rec, extra: dict):
     yield optional_count("extra.ceiling.steps_timed", c.get("steps_timed"))
 
 
-ZERO_OPS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "push", "pull")
+# A step's collectives (compare/memory.py's OPS): XLA may also pass shards round a ring.
+ZERO_OPS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "collective_permute")
+ZERO_OPS += ("push", "pull")
 ZERO_KINDS = ("params", "grads", "opt_state")
 
 

@@ -41,7 +41,15 @@ HOLDS = {
 SERVERS = "servers"  # extra.state_on of MXNet's update on the kvstore's servers
 # The ops a record's step_collectives names, in the tables' order; how many times its bytes a
 # device's share of the step moves (an all-reduce is a reduce-scatter and an all-gather).
-OPS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "push", "pull")
+OPS = (
+    "all_gather",
+    "reduce_scatter",
+    "all_reduce",
+    "broadcast",
+    "collective_permute",
+    "push",
+    "pull",
+)
 WEIGHT = {"all_reduce": 2}
 # Each framework's plain data parallel: the 1-device run the others' time is set against.
 BASELINE = {"torch": "ddp", "jax": "sharding", "mxnet": "dist"}
@@ -175,6 +183,36 @@ def memory_table(entries: list[Entry], title: str = "zero: state bytes per devic
     return Table(title, head, body, notes)
 
 
+def memory_grid(entries: list[Entry]) -> Table | None:
+    """The memory table folded for a page: a row per run, a column per device count, each cell
+    the most any device holds, its ratio to the closed form and the peak."""
+    rows = runs(entries)
+    if not rows:
+        return None
+    counts = sorted({r.e.rec.devices for r in rows})
+    cells: dict[str, dict[int, str]] = {}
+    forms, sources = {}, {}
+    for r in rows:
+        closed = sum(r.closed().values())
+        most = max(r.total(i) for i in range(len(r.devices)))
+        ratio = f" ({most / closed:.3f})" if closed else ""
+        peak = peak_cell(r.e, sources)
+        cell = fmt_bytes(most) + ratio + (f"; peak {peak}" if peak != DASH else "")
+        cells.setdefault(r.name, {})[r.e.rec.devices] = cell
+        forms[r.name] = formula(r.stage, FLOAT32, r.state_on)
+    head = ["run", "closed form", *(f"N = {n}" for n in counts)]
+    body = [
+        [name, forms[name], *(mine.get(n, DASH) for n in counts)] for name, mine in cells.items()
+    ]
+    notes = [
+        psi_note(rows),
+        "Each cell: the most any device holds of parameters, gradients and optimizer state, "
+        "(its ratio to the closed form), and the largest peak of the run's devices.",
+    ]
+    notes += [f"peak {mark}: {text}" for text, mark in sources.items()]
+    return Table("zero: state bytes per device", head, body, notes)
+
+
 def paper_forms() -> str:
     return "; ".join(f"{STAGE_NAMES[s]} {formula(s, MIXED)}" for s in SHARDED)
 
@@ -190,10 +228,12 @@ def peak_cell(e: Entry, sources: dict[str, str]) -> str:
     return f"{fmt_bytes(max(peak['bytes']))} {mark}"
 
 
-def bytes_table(entries: list[Entry], title: str = "zero: collectives per step") -> Table | None:
-    """Each run on several devices: its step's collectives per kind (count, the bytes they
-    cover), their sum in units of Ψ float32 elements beside the textbook's."""
+def bytes_table(entries: list[Entry], n: int | None = None) -> Table | None:
+    """Each run on several devices (on `n`, where given): its step's collectives per kind
+    (count, the bytes they cover), their sum in units of Ψ float32 elements beside the
+    textbook's."""
     rows = [r for r in runs(entries) if r.e.rec.devices > 1 and "step_collectives" in r.e.extra]
+    rows = [r for r in rows if n is None or r.e.rec.devices == n]
     if not rows:
         return None
     ops = [
@@ -224,7 +264,7 @@ def bytes_table(entries: list[Entry], title: str = "zero: collectives per step")
         for r in rows
         if r.e.extra.get("collectives_source")
     )
-    return Table(title, head, body, notes + list(sources))
+    return Table("zero: collectives per step", head, body, notes + list(sources))
 
 
 def holds_table(entries: list[Entry], n: int = 2) -> Table | None:
@@ -256,37 +296,44 @@ def holds_table(entries: list[Entry], n: int = 2) -> Table | None:
 
 
 def time_table(entries: list[Entry]) -> Table | None:
-    """Seconds per epoch of each run at each device count, a core per device, and its speedup
-    over its framework's plain data parallel on 1 device (BASELINE)."""
-    pinned = [
-        e for e in entries if e.rec.workload == "zero" and e.cores_per_device and e.nodes is None
-    ]
-    if not pinned:
+    """Seconds per epoch of each run at each device count, and its speedup over its framework's
+    plain data parallel (BASELINE) on 1 device with as many cores per device: a row per run
+    and cores per device (a core each, or the devices sharing the machine's), as the report's
+    speedups are only of like runs."""
+    mine = [e for e in entries if e.rec.workload == "zero" and e.nodes is None and not e.ceiling]
+    if not mine:
         return None
-    counts = sorted({e.rec.devices for e in pinned})
+    counts = sorted({e.rec.devices for e in mine})
     cells: dict[tuple, dict[int, Entry]] = {}
-    for e in pinned:
+    for e in mine:
         cells.setdefault((e.rec.framework, e.label, e.cores_per_device), {})[e.rec.devices] = e
+
+    def order(key):
+        return (*rank("zero", *key[:2]), key[2] is None, key[2] or 0)
+
     head = ["run", "cores per device", *(f"N = {n}, s/epoch" for n in counts), "speedup"]
     body = []
-    for (fw, label, cores), mine in sorted(cells.items(), key=lambda kv: rank("zero", *kv[0][:2])):
+    for key in sorted(cells, key=order):
+        (fw, label, cores), runs_of = key, cells[key]
         base = cells.get((fw, BASELINE.get(fw), cores), {}).get(1)
-        row = [f"{fw} {label}", str(cores)]
-        row += [seconds(mine[n]) if n in mine else DASH for n in counts]
-        top = max(n for n in mine if n > 1) if any(n > 1 for n in mine) else None
-        speed = base.median / mine[top].median if base and top else None
-        row.append(f"{speed:.2f}x at N = {top}" if speed else DASH)
+        row = [f"{fw} {label}", str(cores) if cores else "shared"]
+        row += [seconds(runs_of[n]) if n in runs_of else DASH for n in counts]
+        top = max(runs_of)
+        timed = base and top > 1 and not (base.diverged or runs_of[top].diverged)
+        row.append(f"{base.median / runs_of[top].median:.2f}x at N = {top}" if timed else DASH)
         body.append(row)
     notes = [
         "speedup: the 1-device run of each framework's plain data parallel "
         f"({', '.join(BASELINE.values())}) on as many cores per device, over the run on the "
-        "most devices."
+        "most devices; shared: the devices shared the machine's cores."
     ]
-    if any(e.rec.extrapolated for e in pinned):
+    if any(e.rec.extrapolated for e in mine):
         notes.append("* projected from the timed steps of each epoch.")
     return Table("zero: seconds per epoch", head, body, notes)
 
 
 def seconds(e: Entry) -> str:
+    if e.diverged:
+        return f"diverged at epoch {e.diverged}"
     t = e.median
     return (f"{t:.0f}" if t >= 100 else f"{t:.3g}") + ("*" if e.rec.extrapolated else "")

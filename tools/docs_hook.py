@@ -10,6 +10,8 @@ site is built. A line of a page, indented as the block it sits in, is replaced:
                                                column per file, and the curves of every epoch
     --8<-- "results/cpu-xeon-avx512-2core-bubble.jsonl:resnet50:bubble"   the pipeline's
                                                bubble: each stage's busy share beside the schedule's
+    --8<-- "results/zero-....jsonl:zero:memory"   lesson 4's tables: holds, memory, bytes or
+                                               time (tools/docs_memory.py)
     --8<-- "docs/some-file.md"                 a Markdown file of the repository, whole
 
 A table draws its records by the report's rule (compare/records.py): every record checked as
@@ -42,9 +44,10 @@ from compare.scaling_report import fmt_bytes
 # mkdocs runs this file with its own folder first on sys.path (tools/ is no installed package);
 # the tests and tools/docs_build.py import it as tools.docs_hook.
 if __package__ == "tools":
-    from tools import docs_learning, docs_records
+    from tools import docs_learning, docs_memory, docs_records
 else:
     import docs_learning
+    import docs_memory
     import docs_records
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,6 +86,8 @@ def _expand(match, page, config) -> str:
             text = docs_learning.learning(
                 path.split(","), names.removesuffix(":accuracy"), page, config
             )
+        elif path.endswith(".jsonl") and names.startswith("zero:"):
+            text = _zero(path, names.removeprefix("zero:"))
         elif path.endswith(".jsonl") and names == "resnet50:bubble":
             text = _bubble(path)
         elif path.endswith(".jsonl"):
@@ -198,6 +203,14 @@ def _bubble(path: str) -> str:
         what = "gpipe or 1f1b runs with their stages' spans at two micro-batch counts"
         raise LookupError(f"{path} has no {what}")
     return "\n".join(['<div class="results" markdown>', "", text, "", "</div>"])
+
+
+def _zero(path: str, kind: str) -> str:
+    """Lesson 4's table of `kind` (tools/docs_memory.py), and where its numbers come from."""
+    shown = docs_records.drawn(path, "zero")
+    text = docs_memory.table(shown, kind)
+    lines = [text, "", _provenance(path, shown)]
+    return "\n".join(['<div class="results" markdown>', "", *lines, "", "</div>"])
 
 
 def _pairs(runs: list[Entry], workload: str, strategies: list[str]) -> list[tuple[Entry, Entry]]:

@@ -483,3 +483,34 @@ def test_a_stopped_build_leaves_the_previous_site_and_nothing_else(tmp_path, ste
     assert [p.name for p in site.iterdir()] == ["previous.html"]
     assert list((tmp_path / "tmp").iterdir()) == [] and not chromium_homes(run.pid)
     wait_for(lambda: not any(map(docs_screenshot._running, started)), "end of chromium", 10)
+
+
+def test_lesson_fours_tables_are_drawn_from_the_records_as_text(tmp_path, capsys):
+    """`results/X.jsonl:zero:KIND` (tools/docs_memory.py): each of lesson 4's tables from the
+    records (tests/compare/fixture_zero.py), a record's strings shown as text; a kind the hook
+    does not know fails the build in one line."""
+    from tests.compare import fixture_zero
+
+    recs = fixture_zero.records()
+    recs[0]["strategy"] = "<script>fetch('http://127.0.0.1:9/x')</script>"
+    path = write_records(tmp_path / "zero.jsonl", *recs)
+    kinds = ("holds", "memory", "bytes", "time")
+    page = "\n\n".join(f'--8<-- "{path}:zero:{kind}"' for kind in kinds)
+    assert docs_build.build(site_config(tmp_path, page), tmp_path / "site") == []
+    built = tmp_path / "site" / "lessons" / "resnet18.html"
+    shown = tables(built)
+    assert [t[0][:2] for t in shown] == [["", "each device holds"], ["run", "closed form"]] + [
+        ["run", "ZeRO stage"],
+        ["run", "cores per device"],
+    ]
+    zero2 = shown[0][3]  # the holds table's stages, after its header: DDP, ZeRO-1, ZeRO-2
+    assert zero2[:3] == [
+        "ZeRO-2",
+        "its shard of the gradients and optimizer state",
+        "4Ψ + (4 + 8)Ψ/N",
+    ]
+    assert "<script>fetch" not in built.read_text()
+    assert any("torch <script>fetch(" in row[0] for row in shown[3])
+    page = f'--8<-- "{path}:zero:nope"'
+    code, _, err = make_docs(site_config(tmp_path, page), tmp_path / "b" / "site", capsys)
+    assert code == 1 and len(err) == 1 and "no zero table 'nope'" in err[0], err

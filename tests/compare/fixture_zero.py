@@ -114,7 +114,7 @@ def zero(framework, strategy, stage, state_on, n, median, cores=1, minute=0) -> 
         "peak_bytes": {"bytes": [300_000_000] * n, "source": peak_source, "includes": includes},
         "step_collectives": COLLECTIVES[strategy] if n > 1 else [],
         "collectives_source": SOURCES[framework],
-        "cores_per_device": cores,
+        **({"cores_per_device": cores} if cores else {}),
         "execution": "concurrent" if framework == "jax" else "processes",
     }
     rec = record(
@@ -146,7 +146,9 @@ def records() -> list[dict]:
             out.append(
                 zero(framework, strategy, stage, state_on, n, 200.0 / n + stage, minute=minute)
             )
-    out.append(zero("torch", "zero3", 3, "devices", 4, 60.0, minute=minute + 1))
+    # On the devices sharing the machine's cores: ZeRO-3 on 4 devices, DDP on 1.
+    out.append(zero("torch", "zero3", 3, "devices", 4, 60.0, cores=None, minute=minute + 1))
+    out.append(zero("torch", "ddp", 0, "devices", 1, 150.0, cores=None, minute=minute + 2))
     return out
 
 

@@ -112,11 +112,28 @@ def test_the_idea_table_sets_each_stage_beside_the_runs():
     assert any("parameter-server ancestor" in n for n in table.notes)
 
 
-def test_the_time_table_sets_each_strategy_against_plain_data_parallel():
+def test_the_time_table_sets_each_strategy_against_plain_data_parallel_of_like_cores():
     table = memory.time_table(entries())
-    cells = {r[0]: r for r in table.rows}
-    assert cells["torch zero3"][-1] == f"{200 / 60:.2f}x at N = 4"
-    assert cells["jax fsdp"][-1] == f"{200 / 103:.2f}x at N = 2"
+    cells = {(r[0], r[1]): r for r in table.rows}
+    assert cells["torch zero3", "1"][-1] == f"{200 / 103:.2f}x at N = 2"
+    assert cells["torch zero3", "shared"][-1] == f"{150 / 60:.2f}x at N = 4"
+    assert cells["jax fsdp", "1"][-1] == f"{200 / 103:.2f}x at N = 2"
+    assert table.headers[2:-1] == ["N = 1, s/epoch", "N = 2, s/epoch", "N = 4, s/epoch"]
+
+
+def test_the_pages_memory_grid_has_a_column_per_device_count():
+    table = memory.memory_grid(entries())
+    grid = {r[0]: dict(zip(table.headers, r, strict=True)) for r in table.rows}
+    assert grid["torch zero3"]["N = 4"] == "4.03 kB (1.008); peak 300 MB (1)"
+    assert grid["torch zero1"]["N = 2"].startswith("12.8 kB (1.067)")
+    assert grid["torch zero1"]["N = 1"] == "–" and grid["mxnet server"]["closed form"].startswith(
+        "4Ψ + 4Ψ"
+    )
+
+
+def test_the_pages_bytes_table_keeps_one_device_count():
+    assert {r[2] for r in memory.bytes_table(entries(), 2).rows} == {"2"}
+    assert {r[2] for r in memory.bytes_table(entries()).rows} == {"2", "4"}
 
 
 def zero_record(**extra) -> Record:
