@@ -206,8 +206,8 @@ def memory_grid(entries: list[Entry]) -> Table | None:
     ]
     notes = [
         psi_note(rows),
-        "Each cell: the most any device holds of parameters, gradients and optimizer state, "
-        "(its ratio to the closed form), and the largest peak of the run's devices.",
+        "Each cell: the most any device holds of parameters, gradients and optimizer state, its "
+        "ratio to the closed form in brackets, and the largest peak of the run's devices.",
     ]
     notes += [f"peak {mark}: {text}" for text, mark in sources.items()]
     return Table("zero: state bytes per device", head, body, notes)

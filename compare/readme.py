@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from common import results
-from compare import collectives, figure, records, resnet50, scaling_report, tables
+from compare import collectives, figure, memory, records, resnet50, scaling_report, tables
 from compare.checks import WORKLOADS
 from compare.records import Entry, Machine
 from compare.render import escape, markdown_table, quoted
@@ -144,6 +144,8 @@ def machine_tables(machine: Machine) -> list[Table]:
         else:
             mine = [c for c in machine.ceilings if c.rec.workload == workload]
             out.append(dp_table(workload, entries, mine))
+        if workload == "zero" and (held := memory.memory_grid(entries)) is not None:
+            out.append(held)  # lesson 4: each device's state bytes beside ZeRO's closed forms
     return out
 
 

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from common.results import Record
-from compare import checks, memory, plan, records, report
+from compare import checks, memory, plan, readme, records, report
 from tests.compare import fixture_zero
 
 PSI = 1000
@@ -183,3 +183,10 @@ def test_a_record_of_another_engine_field_is_not_read_as_zero():
     e = entries()[0]
     other = dataclasses.replace(e.rec, workload="resnet18")
     assert memory.runs([records.Entry(other, "x", 0)]) == []
+
+
+def test_the_readme_tables_of_zero_records_hold_the_memory_grid():
+    (machine,) = readme.load([str(fixture_zero.FIXTURE)])
+    found = readme.machine_tables(machine)
+    assert [t.headers[:2] for t in found][-1] == ["run", "closed form"]
+    assert found[0].headers[0].startswith("zero")  # the time table first, as lesson 2's
