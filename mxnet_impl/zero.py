@@ -63,20 +63,9 @@ class _AdamW(mx.optimizer.Optimizer):
         state[2] += 1
         m, v, t = state
         c1, c2 = 1 - self.b1**t, math.sqrt(1 - self.b2**t)
-        nd.contrib.adamw_update(
-            weight,
-            grad,
-            m,
-            v,
-            rescale_grad=self.rescale_grad,
-            lr=c2 / c1,
-            eta=self.lr,
-            beta1=self.b1,
-            beta2=self.b2,
-            epsilon=self.eps * c2,
-            wd=self.wd,
-            out=weight,
-        )
+        numbers = dict(lr=c2 / c1, eta=self.lr, epsilon=self.eps * c2, wd=self.wd)
+        numbers |= dict(beta1=self.b1, beta2=self.b2, rescale_grad=self.rescale_grad)
+        nd.contrib.adamw_update(weight, grad, m, v, out=weight, **numbers)
 
     def __getstate__(self):  # what a server's copy gets: no worker's moments
         return {**super().__getstate__(), "moments": []}
@@ -107,17 +96,12 @@ def state_bytes(net, optimizer, world):
 def step_collectives(calls):
     """The kvstore's pushes and pulls per worker per step, from `calls` (`_counting`'s record
     of every call the Trainer made, set-up aside): a pushpull is a push and a pull."""
-    steps = [k for m, k, _ in calls if m != "init"].count(0)  # parameter 0 moves once a step
-    moved = {"push": [0, 0], "pull": [0, 0]}
-    for method, _, nbytes in calls:
-        for op in ("push", "pull"):
-            if op in method:
-                moved[op][0] += 1
-                moved[op][1] += nbytes
+    steps = max(1, [k for m, k, _ in calls if m != "init"].count(0))  # key 0: once a step
+    moved = {op: [b for m, _, b in calls if op in m] for op in ("push", "pull")}
     return [
-        {"op": op, "count": n // max(steps, 1), "bytes": b // max(steps, 1)}
-        for op, (n, b) in moved.items()
-        if n
+        {"op": op, "count": len(b) // steps, "bytes": sum(b) // steps}
+        for op, b in moved.items()
+        if b
     ]
 
 
@@ -151,9 +135,8 @@ def server_update(net, optimizer, world):
 
 def _trainer(net, optimizer, world, update_on_kvstore):
     """Gluon's Trainer over the world's kvstore (dist_sync) on every context of this worker."""
-    params = net.collect_params()
+    params, kv = net.collect_params(), world.group
     params.reset_ctx(world.devices)
-    kv = world.group
     return gluon.Trainer(params, optimizer, kvstore=kv, update_on_kvstore=update_on_kvstore)
 
 

@@ -10,6 +10,7 @@ R18 = "tests/mxnet_impl/test_resnet18.py::"
 LENET = "tests/mxnet_impl/test_lenet.py::"
 R50 = "tests/mxnet_impl/test_resnet50.py::"
 BN = "tests/mxnet_impl/test_batchnorm.py::"
+ZERO = "tests/mxnet_impl/test_zero.py::"
 
 MUTANTS = [
     Mutant(
@@ -172,5 +173,45 @@ MUTANTS = [
         "_correct_on(net, devices[0], x, y, _rows_of(idx, world.rank, world.size, len(devices)))",
         "each dist worker counts its share of the test batch on its own first context's "
         "statistics, not worker 0's",
+    ),
+    Mutant(
+        "mxnet-zero-adamw-decay-not-times-lr",
+        "mxnet",
+        ZERO + "test_adamw_takes_torchs_steps",
+        "mxnet_impl/zero.py",
+        "numbers = dict(lr=c2 / c1, eta=self.lr,",
+        "numbers = dict(lr=self.lr * c2 / c1, eta=1.0,",
+        "MXNet's adamw_update given torch's lr as its learning_rate and eta 1: the decay "
+        "subtracts wd * p, not lr * wd * p",
+    ),
+    Mutant(
+        "mxnet-zero-state-updated-twice",
+        "mxnet",
+        ZERO + "test_adamw_takes_torchs_steps",
+        "mxnet_impl/zero.py",
+        "        nd.contrib.adamw_update(weight, grad, m, v, out=weight, **numbers)",
+        "        for _ in range(2):\n"
+        "            nd.contrib.adamw_update(weight, grad, m, v, out=weight, **numbers)",
+        "a state updated twice per step: the moments and the weight take the kernel twice",
+    ),
+    Mutant(
+        "mxnet-zero-gradient-not-averaged",
+        "mxnet",
+        ZERO + "test_two_contexts_equal_one_context",
+        "mxnet_impl/zero.py",
+        "means = [loss.sum() / batch_size for loss in losses]",
+        "means = [loss.mean() for loss in losses]",
+        "each context's loss averaged over its own part, the parts' means summed: the gradient "
+        "not averaged over the global batch",
+    ),
+    Mutant(
+        "mxnet-zero-servers-keep-the-frozen-optimizer",
+        "mxnet",
+        ZERO + "test_the_update_on_the_servers_equals_the_update_on_the_workers",
+        "mxnet_impl/zero.py",
+        "            world.group.set_optimizer(optimizer)\n",
+        "",
+        "the optimizer changed after the warm-up but not sent again: the servers' copy stays "
+        "frozen (Trainer sends it once) and never updates",
     ),
 ]

@@ -13,6 +13,7 @@ in float32 and saves its parameters to OUT/worker<rank>.npz.
 
 import json
 import math
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -39,9 +40,14 @@ CFG = config.get_config("zero", "smoke")  # torch's AdamW defaults: lr 1e-3, dec
 
 
 def _world(ctxs):
-    """One process on `ctxs` with a local kvstore as its group, as a dist worker's world."""
+    """One process on `ctxs` with a local kvstore as its group, as a dist worker's world. Its
+    set_optimizer updates with a pickled copy of the optimizer, as ps-lite's servers do: a local
+    kvstore would hold the worker's own object and see every later change to it."""
     plan = devices.DevicePlan(len(ctxs), "cpu", True)
-    return World(0, 1, ctxs, np.asarray, plan, mx.kv.create("local"))
+    kv = mx.kv.create("local")
+    copy = lambda optimizer: pickle.loads(pickle.dumps(optimizer))  # noqa: E731
+    kv.set_optimizer = lambda optimizer: kv._set_updater(mx.optimizer.get_updater(copy(optimizer)))
+    return World(0, 1, ctxs, np.asarray, plan, kv)
 
 
 def _steps(strategy, world, width=4, use_bn=False, dtype="float64"):
