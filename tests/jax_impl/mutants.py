@@ -4,6 +4,7 @@ from tests.numerics_mutants import Mutant
 
 R18, LENET = "tests/jax_impl/test_resnet18.py", "tests/jax_impl/test_lenet.py"
 R50 = "tests/jax_impl/test_resnet50.py"
+ZERO = "tests/jax_impl/test_zero.py"
 
 MUTANTS = [
     Mutant(
@@ -205,5 +206,35 @@ MUTANTS = [
         "acts[i], vjps[s, i], self.stats[s] = stage_forward(",
         "acts[i], vjps[s, i], _ = stage_forward(",
         "a stage that is not the last drops its updated BatchNorm statistics",
+    ),
+    Mutant(
+        "jax-zero-shard-not-gathered",
+        "jax",
+        f"{ZERO}::test_sharded_strategies_step_adamw_as_one_device[fsdp_explicit]",
+        "jax_impl/zero.py",
+        "blocks = jax.vmap(unravel)(lax.all_gather(flat, AXIS))",
+        "blocks = jax.vmap(unravel)(jnp.stack([flat] * lax.axis_size(AXIS)))",
+        "the forward's weights built from the device's own shard in every place: the others' "
+        "shards never gathered",
+    ),
+    Mutant(
+        "jax-zero-gradient-not-averaged",
+        "jax",
+        f"{ZERO}::test_sharded_strategies_step_adamw_as_one_device[fsdp_explicit]",
+        "jax_impl/zero.py",
+        "grads = jax.tree.map(lambda g: g / n, _scatter(grads, axes, n, bucketed))",
+        "grads = _scatter(grads, axes, n, bucketed)",
+        "psum_scatter's sum of the gradients kept, not divided by N: AdamW's moments N times "
+        "(and N squared) too large",
+    ),
+    Mutant(
+        "jax-zero-state-shard-updated-twice",
+        "jax",
+        f"{ZERO}::test_sharded_strategies_step_adamw_as_one_device[fsdp_explicit]",
+        "jax_impl/zero.py",
+        "state = r18.apply_gradients(optimizer, state, grads, stats)",
+        "state = r18.apply_gradients(optimizer, state, grads, stats)\n"
+        "        state = r18.apply_gradients(optimizer, state, grads, stats)",
+        "each device's shard of the state stepped twice with the same gradient shard",
     ),
 ]
