@@ -57,10 +57,11 @@ PINNED_1 = "only on a CPU: the 1-device baseline of the 2-device run, on one dev
 ONE_GPU = "the 2-device runs cannot run: at least the single-device time"
 ONE_GPU_SWEEP = "the 2-device sweep cannot run: the split sizes with both stages on the one GPU"
 # Lesson 4 (zero): what it measures is memory and bytes, which a step's shards and program give
-# whatever the step's length, so each run is short (PINNED_FLAGS). Every strategy runs on 2
-# devices, a core each (a CPU's 2 devices cannot hold more cores apart); each framework's plain
-# data parallel (ZERO_BASELINES) on 1 device too, the baseline of every strategy's time and the
-# closed forms' N = 1. A sharded strategy on 1 device holds what DDP holds: not run.
+# whatever the epoch's length, so each run times few steps (PINNED_FLAGS). Every strategy runs
+# on 2 devices, a core each, as the plan's other scaling runs (a 2-core CPU gives no more
+# devices a core of their own); each framework's plain data parallel (ZERO_BASELINES) on 1
+# device too: the baseline of every strategy's time, and the closed forms at N = 1. A sharded
+# strategy on 1 device holds what DDP holds, so it is not run.
 ZERO_STRATEGIES = zero_checks.ZERO_NODE_STRATEGIES  # every zero strategy, its baseline first
 ZERO_BASELINES = {fw: strategies[0] for fw, strategies in ZERO_STRATEGIES.items()}
 ZERO_RUNS = tuple(
