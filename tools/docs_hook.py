@@ -3,6 +3,8 @@ site is built. A line of a page, indented as the block it sits in, is replaced:
 
     --8<-- "torch_impl/resnet18.py:ddp"        `ddp`'s source (ast), less its docstring
     --8<-- "jax_impl/lenet.py:_split,split_batch"   several names; `Class.method`
+    --8<-- "torch_impl/zero.py:zero3~ddp"      zero3, the lines that ddp lacks marked (a name of
+                                               the same file, or `path.py:name`)
     --8<-- "results/cpu-xeon-avx512-2core.jsonl:resnet18[:ddp,...]"   its runs on 1 against 2
                                                devices, a core per device, as a table
     --8<-- "results/gpu-h100.jsonl,results/gpu-h200.jsonl:resnet18:accuracy"   what its runs
@@ -30,6 +32,7 @@ site's page or file for its target, else at the file in the checkout the site is
 from __future__ import annotations
 
 import ast
+import difflib
 import logging
 import os
 import re
@@ -52,7 +55,8 @@ else:
 
 ROOT = Path(__file__).resolve().parent.parent
 DIRECTIVE = re.compile(r'^(?P<indent>[ \t]*)--8<-- "(?P<path>[^":]+)(?::(?P<names>[^"]+))?"$', re.M)
-LINE = re.compile(r'<span id="__span-[\d-]+"(?=>( *))')  # a code line (pymdownx.highlight)
+# A code line (pymdownx.highlight), its text in a span of its own where it is marked (hl_lines).
+LINE = re.compile(r'<span id="__span-[\d-]+"(?=>(?:<span class="hll">)?( *))')
 LINK = re.compile(r"(?<!!)\[(?P<text>[^\]]*)\]\((?P<target>[^)\s:#]+)(?P<anchor>#[^)\s]*)?\)")
 DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 # "concurrent" records a framework that may run its devices at once (a thread per device),
@@ -119,11 +123,34 @@ def _read(path: str) -> str:
 
 
 def _code(path: str, names: list[str]) -> str:
-    """The named definitions of `path` as one fenced block, titled with the file."""
+    """The named definitions of `path` as one fenced block, titled with the file; `name~other`
+    marks the lines of `name` that `other` (a name of `path`, or `file.py:name`) lacks."""
     text = _read(path)
     tree, lines = ast.parse(text), text.splitlines()
-    parts = [_source(lines, _find(tree, name, path)) for name in names]
-    return "\n".join([f'```python title="{path}"', "\n\n".join(parts), "```"])
+    parts, marked = [], []
+    for name in names:
+        name, _, other = name.partition("~")
+        part = _source(lines, _find(tree, name, path))
+        before = sum(len(p.splitlines()) + 1 for p in parts)  # the blank line between parts
+        marked += [before + i for i in _changed(part, path, other)] if other else []
+        parts.append(part)
+    marks = f' hl_lines="{" ".join(map(str, marked))}"' if marked else ""
+    return "\n".join([f'```python title="{path}"{marks}', "\n\n".join(parts), "```"])
+
+
+def _changed(part: str, path: str, other: str) -> list[int]:
+    """The lines of `part` (from 1) that differ from `other`'s, their comments aside: the lines
+    a reader comparing the two looks for."""
+    other_path, _, name = other.rpartition(":")
+    other_path = other_path or path
+    text = _read(other_path)
+    theirs = _source(text.splitlines(), _find(ast.parse(text), name, other_path))
+
+    def code(source: str) -> list[str]:
+        return [line.split("  #")[0].strip() for line in source.splitlines()]
+
+    ops = difflib.SequenceMatcher(None, code(theirs), code(part), autojunk=False).get_opcodes()
+    return [j + 1 for tag, _, _, j1, j2 in ops if tag != "equal" for j in range(j1, j2)]
 
 
 def _find(tree: ast.Module, dotted: str, path: str) -> ast.AST:

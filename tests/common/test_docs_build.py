@@ -514,3 +514,18 @@ def test_lesson_fours_tables_are_drawn_from_the_records_as_text(tmp_path, capsys
     page = f'--8<-- "{path}:zero:nope"'
     code, _, err = make_docs(site_config(tmp_path, page), tmp_path / "b" / "site", capsys)
     assert code == 1 and len(err) == 1 and "no zero table 'nope'" in err[0], err
+
+
+def test_a_name_against_another_marks_the_lines_that_change(tmp_path):
+    """`name~other` (lesson 4's side-by-side grids): the lines of `name` that `other` lacks are
+    marked, their comments aside, counted across the block's parts; another file's by path."""
+    source = tmp_path / "two.py"
+    source.write_text(
+        "def ddp(net):\n    a = 1  # one\n    wrapped = wrap(net)\n    return a\n\n\n"
+        "def fsdp(net):\n    a = 1\n    shard(net)\n    return a\n"
+    )
+    block = docs_hook._code(str(source), ["ddp", "fsdp~ddp"])
+    assert block.splitlines()[0].endswith('hl_lines="6 8"')  # fsdp's def and shard lines
+    block = docs_hook._code(str(source), [f"ddp~{source}:fsdp"])
+    assert block.splitlines()[0].endswith('hl_lines="1 3"')
+    assert "hl_lines" not in docs_hook._code(str(source), ["ddp"]).splitlines()[0]
