@@ -35,6 +35,7 @@ from mxnet_impl import devices as mdev
 from mxnet_impl import launch
 from mxnet_impl import resnet18 as r18
 from mxnet_impl import weights as mweights
+from mxnet_impl.resnet18 import _check, _correct_on, _rows_of  # lesson 2's own
 
 FRAMEWORK = "mxnet"
 STRATEGIES = ("dist", "server")
@@ -109,7 +110,9 @@ def dist_sync(net, optimizer, world):
     """Lesson 2's dist_sync with AdamW: the servers sum the workers' gradients and each worker
     updates its whole copy with them (update_on_kvstore=False): every worker holds every moment
     (ZeRO stage 0)."""
-    trainer = _trainer(net, optimizer, world, update_on_kvstore=False)
+    params = net.collect_params()
+    params.reset_ctx(world.devices)  # a copy on each of this worker's contexts
+    trainer = gluon.Trainer(params, optimizer, kvstore=world.group, update_on_kvstore=False)
     mdev.pull_weights_first(trainer)  # before any gradient is pushed on the same keys
     return _worker_steps(net, trainer, world)
 
@@ -119,7 +122,9 @@ def server_update(net, optimizer, world):
     the Trainer sends the optimizer to the servers at its first step; each step pushes the
     gradients, which the servers sum and apply to their weights with their moments, and pulls
     the weights. A worker holds no moment."""
-    trainer = _trainer(net, optimizer, world, update_on_kvstore=True)
+    params = net.collect_params()
+    params.reset_ctx(world.devices)  # a copy on each of this worker's contexts
+    trainer = gluon.Trainer(params, optimizer, kvstore=world.group, update_on_kvstore=True)
     place, shard, step, correct, total = _worker_steps(net, trainer, world)
     sent = [optimizer.frozen]  # what the servers' copy of the optimizer says
 
@@ -133,13 +138,6 @@ def server_update(net, optimizer, world):
     return place, shard, step_on_servers, correct, total
 
 
-def _trainer(net, optimizer, world, update_on_kvstore):
-    """Gluon's Trainer over the world's kvstore (dist_sync) on every context of this worker."""
-    params, kv = net.collect_params(), world.group
-    params.reset_ctx(world.devices)
-    return gluon.Trainer(params, optimizer, kvstore=kv, update_on_kvstore=update_on_kvstore)
-
-
 def _worker_steps(net, trainer, world):
     """Lesson 2's dist_sync steps (place, shard, step, correct, total) with `trainer`."""
     devices = world.devices
@@ -148,7 +146,7 @@ def _worker_steps(net, trainer, world):
         return mdev.to_device(data.as_float(arrays, np.int32), devices[0])
 
     def shard(batches):  # this worker's share of every global batch, in one copy; and its size
-        mine = [r18._rows_of(idx, world.rank, world.size, len(devices)) for idx in batches]
+        mine = [_rows_of(idx, world.rank, world.size, len(devices)) for idx in batches]
         rows = mdev.one_copy(mine, devices[0])
         return zip(rows, [len(idx) for idx in batches], strict=True)
 
@@ -158,7 +156,7 @@ def _worker_steps(net, trainer, world):
         return mdev.add_up(_train_step(net, trainer, xs, ys, batch_size))
 
     def correct(x, y, idx):  # worker 0's first context counts the test batch, the others none
-        return r18._correct_on(net, devices[0], x, y, idx) if world.rank == 0 else nd.zeros(1)
+        return _correct_on(net, devices[0], x, y, idx) if world.rank == 0 else nd.zeros(1)
 
     def total(losses, hits):  # summed over the workers: the servers add up what each pushes
         return world.sum(np.array([mdev.float_sum(losses), mdev.float_sum(hits)])).tolist()
@@ -210,7 +208,7 @@ def main(args, plan, cfg, hooks):
     """Check everything; then start the kvstore's scheduler, servers and workers on this
     machine (mxnet_impl/launch.py), or, as a worker, join it, train and record (worker 0)."""
     strategy = training.choose_strategy("zero", FRAMEWORK, args.strategy, STRATEGIES)
-    r18._check(cfg, plan)
+    _check(cfg, plan)
     if not launch.is_worker():  # the launcher: every kvstore process
         argv = launch.worker_argv(args, plan.count, strategy)
         launch.dist_sync([sys.executable, "-m", "mxnet_impl", *argv], plan.count, _WHAT, args)
