@@ -5,9 +5,10 @@ shard, step, correct, total) (common/training.py, "A strategy"):
   sharding (default)  one `jax.jit` program over a Mesh, the batch sharded on 'data'; XLA inserts
                       the gradient all-reduce. Also over several processes (hosts): launch.py.
   shard_map           `jax.shard_map` over the same Mesh: per-device code with explicit
-                      collectives (d2l's hand-written allreduce), `lax.pmean` of the gradients.
+                      collectives (d2l's hand-written allreduce), `lax.pmean` of the gradients
+                      in one flat buffer (`_bucket`; --unbucketed: an operand per array).
   pmap                `jax.pmap`, the state copied to every device (a leading device axis),
-                      `lax.pmean` of the gradients: the classic API, built on jit and shard_map.
+                      `lax.pmean` of the gradients as shard_map's: the classic API.
 
 BatchNorm: each device normalises its share of the batch (under `sharding` a row of a vmap named
 'data') and keeps running statistics of its own (STATE: a row per device, never averaged), all
@@ -28,6 +29,7 @@ import numpy as np
 import optax
 from flax import linen as nn
 from jax import lax
+from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -185,6 +187,12 @@ def evaluate(net, state, x, y, mask=True):
     return jnp.sum((pred.argmax(axis=-1) == y) & mask)
 
 
+def _bucket(tree, bucketed=True):
+    """(one flat buffer of `tree`'s arrays, what unpacks it), DDP's bucket: XLA:CPU reduces each
+    operand of an all-reduce by itself. `bucketed` False (--unbucketed): the arrays as they are."""
+    return ravel_pytree(tree) if bucketed else (tree, lambda t: t)
+
+
 def _on_mesh(arrays, mesh):  # the data set whole on every device of `mesh`, the state as STATE
     if not isinstance(arrays, dict):
         return jax.device_put(arrays, NamedSharding(mesh, P()))
@@ -196,9 +204,8 @@ def _on_mesh(arrays, mesh):  # the data set whole on every device of `mesh`, the
 # --- the parallelism: one function per strategy ------------------------------------------------
 
 
-def pmap(net, optimizer, world):
-    """jax.pmap: the state and the data set copied to every device (a leading device axis), each
-    device its row of every batch; the step pmeans the gradients over 'data'. One process."""
+def pmap(net, optimizer, world, *, bucketed=True):
+    """jax.pmap, in one process: the state and data copied to every device, a row of each batch."""
     devices, n = world.devices, len(world.devices)
     stacked = NamedSharding(Mesh(np.array(devices), (AXIS,)), P(AXIS))  # row i on device i
 
@@ -212,7 +219,8 @@ def pmap(net, optimizer, world):
     @partial(jax.pmap, axis_name=AXIS, devices=devices, donate_argnums=0)
     def step(state, x, y, rows):
         loss, grads, stats = gradients(net, state, x[rows], y[rows])
-        grads, loss = lax.pmean((grads, loss), AXIS)  # every device's, averaged
+        flat, unravel = _bucket((grads, loss), bucketed)
+        grads, loss = unravel(lax.pmean(flat, AXIS))  # every device's, averaged
         return apply_gradients(optimizer, state, grads, stats), loss * len(rows) * n
 
     @partial(jax.pmap, axis_name=AXIS, devices=devices)
@@ -230,7 +238,7 @@ def pmap(net, optimizer, world):
     return place, shard, step, correct, total
 
 
-def shard_map(net, optimizer, world):
+def shard_map(net, optimizer, world, *, bucketed=True):
     """jax.shard_map over a Mesh, each batch split on 'data': each device differentiates its own
     copy of the weights (the replicated ones' gradient is their sum already) and pmeans it."""
     n, mesh = len(world.devices), Mesh(np.array(world.devices), (AXIS,))
@@ -248,7 +256,8 @@ def shard_map(net, optimizer, world):
         mine = lax.pcast(state["params"], AXIS, to="varying")  # this device's own copy
         own = dict(state, batch_stats=jax.tree.map(lambda a: a[0], state["batch_stats"]))
         loss, grads, stats = gradients(net, own, x[rows], y[rows], mine)
-        grads, loss = lax.pmean((grads, loss), AXIS)  # every device's, averaged
+        flat, unravel = _bucket((grads, loss), bucketed)
+        grads, loss = unravel(lax.pmean(flat, AXIS))  # every device's, averaged
         stats = jax.tree.map(lambda a: a[None], stats)  # its block: one row of STATE's, its own
         return apply_gradients(optimizer, state, grads, stats), loss * len(rows) * n
 
@@ -320,8 +329,7 @@ def train(net, cfg, ds, strategy, run):
 
 
 def main(args, plan, cfg, hooks):
-    """Check everything, join the world (several JAX processes where there are:
-    jax_impl/launch.py), then train and record (process 0 records)."""
+    """Check everything, join the world (jax_impl/launch.py), train and record (process 0)."""
     strategy = training.choose_strategy("resnet18", FRAMEWORK, args.strategy, STRATEGIES)
     world = launch.join(plan, args)  # several processes: every process's devices
     # d2l 13.6: N devices train with N times the batch and the lr (2 devices: 512 and 0.2).
@@ -335,6 +343,7 @@ def main(args, plan, cfg, hooks):
     net = resnet18(axis_name=AXIS if args.sync_bn else None, dtype=dtype)
     run = harness.Run(args, cfg, ds, world, hooks=hooks)
     with run.sampling(utilization.sampler_for(plan.platform, world.plan.count)):
-        train(net, cfg, ds, dict(sharding=sharding, shard_map=shard_map, pmap=pmap)[strategy], run)
+        chosen = dict(sharding=sharding, shard_map=shard_map, pmap=pmap)[strategy]
+        train(net, cfg, ds, partial(chosen, bucketed=False) if args.unbucketed else chosen, run)
     usage = jdev.with_allocator_peaks(run.usage(), world)  # a GPU's: this process's devices'
     run.save(strategy, {**usage, "processes": world.size})

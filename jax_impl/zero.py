@@ -197,7 +197,7 @@ def fsdp(net, optimizer, world):
     return place, shard, step, correct, total
 
 
-def fsdp_explicit(net, optimizer, world, bucketed=True):
+def fsdp_explicit(net, optimizer, world, *, bucketed=True):
     """jax.shard_map over the same Mesh and layout: each device all-gathers the parameters,
     differentiates its share of the batch, psum_scatters the gradients and divides by N (its
     shard of their average), and steps AdamW on its own shards of the state. `bucketed`: each

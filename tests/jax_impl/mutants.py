@@ -5,6 +5,10 @@ from tests.numerics_mutants import Mutant
 R18, LENET = "tests/jax_impl/test_resnet18.py", "tests/jax_impl/test_lenet.py"
 R50 = "tests/jax_impl/test_resnet50.py"
 ZERO = "tests/jax_impl/test_zero.py"
+# pmap's bucketed pmean of the gradients and the loss (shard_map's is followed by its statistics)
+PMAP_PMEAN = (
+    "grads, loss = unravel(lax.pmean(flat, AXIS))  # every device's, averaged\n        return apply"
+)
 
 MUTANTS = [
     Mutant(
@@ -48,8 +52,8 @@ MUTANTS = [
         "jax",
         f"{R18}::test_two_devices_equal_one_device_normalising_each_share[pmap]",
         "jax_impl/resnet18.py",
-        "y[rows])\n        grads, loss = lax.pmean((grads, loss), AXIS)",
-        "y[rows])\n        loss = lax.pmean(loss, AXIS)",
+        PMAP_PMEAN,
+        "grads, loss = unravel(flat)  # every device's, averaged\n        return apply",
         "pmap without the gradient all-reduce: each device steps on its own half-batch gradient",
     ),
     Mutant(
@@ -57,8 +61,8 @@ MUTANTS = [
         "jax",
         f"{R18}::test_two_devices_equal_one_device_normalising_each_share[pmap]",
         "jax_impl/resnet18.py",
-        "y[rows])\n        grads, loss = lax.pmean((grads, loss), AXIS)",
-        "y[rows])\n        grads, loss = lax.psum((grads, loss), AXIS)",
+        PMAP_PMEAN,
+        PMAP_PMEAN.replace("lax.pmean", "lax.psum"),
         "gradients psum'd instead of pmean'd: every step N times too large",
     ),
     Mutant(
@@ -86,8 +90,9 @@ MUTANTS = [
         "jax",
         f"{R18}::test_two_devices_equal_one_device_normalising_each_share[pmap]",
         "jax_impl/resnet18.py",
-        "y[rows])\n        grads, loss = lax.pmean((grads, loss), AXIS)",
-        "y[rows])\n        grads, loss, stats = lax.pmean((grads, loss, stats), AXIS)",
+        PMAP_PMEAN,
+        "grads, loss = unravel(lax.pmean(flat, AXIS))  # every device's, averaged\n"
+        "        stats = lax.pmean(stats, AXIS)\n        return apply",
         "the running statistics pmean'd with the gradients: every device's the average, not its "
         "own share's",
     ),

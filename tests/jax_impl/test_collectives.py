@@ -24,10 +24,11 @@ from tests.fixtures import runs
 BATCHNORMS = 17  # d2l's ResNet-18: the stem's and two per residual block (8); none on a shortcut
 
 
-def all_reduces(devices, sync=False, strategy="sharding") -> list[str]:
-    """The operand shapes of each all-reduce in the optimized program of one `strategy` step."""
+def all_reduces(devices, sync=False, strategy="sharding", **kw) -> list[str]:
+    """The operand shapes of each all-reduce in the optimized program of one `strategy` step;
+    `kw`: the strategy's (shard_map's and pmap's `bucketed`)."""
     net, optimizer = r18.resnet18(axis_name=r18.AXIS if sync else None), r18.make_optimizer(0.1)
-    place, shard, step, _, _ = getattr(r18, strategy)(net, optimizer, runs.world_of(devices))
+    place, shard, step, _, _ = getattr(r18, strategy)(net, optimizer, runs.world_of(devices), **kw)
     variables = r18.init_weights(net, 0.01, 0)
     state = dict(variables, opt_state=optimizer.init(variables["params"]))
     state = place(jax.tree.map(np.asarray, state))
@@ -75,11 +76,28 @@ def test_the_step_model_has_xlas_all_reduce_operands(strategy, sync):
     """compare.scaling times each of common.collectives.step_collectives at the engine's fitted
     alpha and busbw, one per operand of XLA's all-reduce ops (XLA:CPU reduces each operand by
     itself), and the lesson's table counts them: their bytes are the optimized program's, operand
-    for operand. Per-device BatchNorm: the gradient and the loss, no running statistics."""
-    found = all_reduces(jax.devices("cpu")[:2], sync, strategy)
+    for operand (shard_map's and pmap's --unbucketed). Per-device BatchNorm: the gradient and the
+    loss, no running statistics."""
+    kw = {} if strategy == "sharding" else {"bucketed": False}
+    found = all_reduces(jax.devices("cpu")[:2], sync, strategy, **kw)
     found = [b for shape in found for b in operand_bytes(shape)]
     modelled = [size for size, _ in collectives.step_collectives("jax", strategy, sync)]
     assert sorted(modelled) == sorted(found)
+
+
+@pytest.mark.parametrize("strategy", ["shard_map", pytest.param("pmap", marks=pytest.mark.slow)])
+def test_bucketed_steps_all_reduce_one_buffer(strategy):
+    """shard_map's and pmap's gradients and loss packed into one flat buffer (`_bucket`): the
+    optimized program all-reduces one float32 operand of every gradient and the loss (XLA may
+    drop the duplicate the unbucketed program's pmean drops), where unbucketed it has one per
+    array."""
+    found = [
+        b
+        for shape in all_reduces(jax.devices("cpu")[:2], strategy=strategy)
+        for b in operand_bytes(shape)
+    ]
+    gradients = sum(size for size, _ in collectives.step_collectives("jax", "sharding", False))
+    assert found == [gradients], found  # the sharding model's operands: every gradient and the loss
 
 
 @pytest.mark.multi_device

@@ -150,16 +150,16 @@ def _one_device_steps(shares):
         return start, [r18.get_weights(dict(state, batch_stats=s)) for s in sets], losses
 
 
-def _two_device_steps(strategy, sync):
-    """The two steps on two devices under `strategy`, float64, BatchNorm per device or (`sync`)
-    over the whole batch: (each device's weights, the steps' mean losses)."""
+def _two_device_steps(strategy, sync, **kw):
+    """The two steps on two devices under `strategy` (`kw`: its keywords), float64, BatchNorm per
+    device or (`sync`) over the whole batch: (each device's weights, the steps' mean losses)."""
     with jax.enable_x64(True):
         x, y, steps = _batches()
         devs = jax.devices("cpu")[:2]
         axis = r18.AXIS if sync else None  # as main builds the net for --sync-bn
         net = r18.resnet18(width=8, residuals=1, axis_name=axis, dtype=jnp.float64)
         opt = r18.make_optimizer(0.1)
-        place, shard, step, _, total = getattr(r18, strategy)(net, opt, runs.world_of(devs))
+        place, shard, step, _, total = getattr(r18, strategy)(net, opt, runs.world_of(devs), **kw)
         state, (x_all, y_all) = place(_start(net, opt)), place([x, y])
         losses = []
         for idx, part in zip(steps, shard(steps), strict=True):
@@ -211,6 +211,19 @@ def test_two_devices_with_sync_bn_equal_one_device_on_the_whole_batch(strategy):
     got, losses = _two_device_steps(strategy, sync=True)
     _check_steps(
         f"jax resnet18 {strategy} 2 devices vs 1 (sync BN)", got, losses, _one_device_steps(1)
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.numerics
+@pytest.mark.multi_device
+@pytest.mark.parametrize("strategy", ["shard_map", "pmap"])
+def test_unbucketed_pmean_equals_one_device_as_the_bucketed_does(strategy):
+    """Rule 1 for --unbucketed (a pmean operand per array): the same mathematics as the bucketed
+    default (one flat buffer), both held to one device to 2**-24 in float64."""
+    got, losses = _two_device_steps(strategy, sync=False, bucketed=False)
+    _check_steps(
+        f"jax resnet18 {strategy} --unbucketed 2 devices vs 1", got, losses, _one_device_steps(2)
     )
 
 
