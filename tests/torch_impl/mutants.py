@@ -213,6 +213,99 @@ MUTANTS = [
         '        "stem": [model.conv1, model.bn1, model.maxpool],',
         "the first stage's stem without its ReLU (the tutorial's seq1 written out by hand)",
     ),
+    Mutant(
+        "torch-zero3-root-gradients-not-reduced",
+        "torch",
+        "tests/torch_impl/test_zero.py::test_each_sharded_strategy_equals_ddp_and_one_device",
+        "torch_impl/zero.py",
+        "    fully_shard(net, mesh=mesh, reshard_after_forward=True)\n",
+        "    fully_shard(net, mesh=mesh, reshard_after_forward=True)\n"
+        "    net.set_requires_gradient_sync(False)\n",
+        "ZeRO-3's root group (stem and head) with FSDP's gradient-accumulation switch left on: "
+        "its gradients are never reduce-scattered (averaged) over the ranks",
+    ),
+    Mutant(
+        "torch-zero1-without-ddp",
+        "torch",
+        "tests/torch_impl/test_zero.py::test_each_sharded_strategy_equals_ddp_and_one_device",
+        "torch_impl/zero.py",
+        "    wrapped = nn.parallel.DistributedDataParallel(net) if size > 1 else net\n"
+        "    optimizer = ZeroRedundancyOptimizer(",
+        "    wrapped = net\n    optimizer = ZeroRedundancyOptimizer(",
+        "ZeroRedundancyOptimizer taken for the whole of data parallelism, the model not wrapped "
+        "in DDP: each rank steps its partition with its own rows' gradient, never averaged",
+    ),
+    Mutant(
+        "torch-zero2-shard-stepped-twice",
+        "torch",
+        "tests/torch_impl/test_zero.py::test_each_sharded_strategy_equals_ddp_and_one_device",
+        "torch_impl/zero.py",
+        "    fully_shard(net, mesh=mesh, reshard_after_forward=False)\n"
+        "    optimizer = optimizer(net.parameters())\n"
+        "\n"
+        "    def place(arrays):\n"
+        "        return tdev.to_device(data.as_float(arrays, np.int64), device)\n"
+        "\n"
+        "    def shard(batches):\n"
+        "        return tdev.one_copy([data.shard_batch(idx, size)[rank] for idx in batches], "
+        "device)\n"
+        "\n"
+        "    def step(x, y, rows):\n"
+        "        return r18.train_step(net, optimizer, x[rows], y[rows]) * len(rows)\n",
+        "    fully_shard(net, mesh=mesh, reshard_after_forward=False)\n"
+        "    optimizer = optimizer(net.parameters())\n"
+        "\n"
+        "    def place(arrays):\n"
+        "        return tdev.to_device(data.as_float(arrays, np.int64), device)\n"
+        "\n"
+        "    def shard(batches):\n"
+        "        return tdev.one_copy([data.shard_batch(idx, size)[rank] for idx in batches], "
+        "device)\n"
+        "\n"
+        "    def step(x, y, rows):\n"
+        "        loss = r18.train_step(net, optimizer, x[rows], y[rows])\n"
+        "        optimizer.step()  # (a step left behind)\n"
+        "        return loss * len(rows)\n",
+        "ZeRO-2's AdamW steps each rank's shard twice on the same gradients",
+    ),
+    Mutant(
+        "torch-zero1-local-step-not-broadcast",
+        "torch",
+        "tests/torch_impl/test_zero.py::test_each_sharded_strategy_equals_ddp_and_one_device",
+        "torch_impl/zero.py",
+        "    optimizer = ZeroRedundancyOptimizer(net.parameters(), optimizer_class=optimizer)\n",
+        "    optimizer = ZeroRedundancyOptimizer(\n"
+        "        net.parameters(), optimizer_class=optimizer\n    ).optim\n",
+        "ZeRO-1's local AdamW stepped in place of ZeroRedundancyOptimizer: each rank updates its "
+        "own partition, and the other ranks' updated shards are never broadcast (gathered)",
+    ),
+    Mutant(
+        "torch-zero3-evaluates-own-statistics",
+        "torch",
+        "tests/torch_impl/test_zero.py::test_every_rank_evaluates_with_rank_0s_running_statistics",
+        "torch_impl/zero.py",
+        "    def correct(x, y, idx):\n        for buffer in net.buffers():\n"
+        "            dist.broadcast(buffer, src=0)\n",
+        "    def correct(x, y, idx):\n",
+        "ZeRO-3's ranks evaluate with their own running statistics: FSDP never broadcasts buffers",
+    ),
+    Mutant(
+        "torch-zero3-adamw-bound-before-sharding",
+        "torch",
+        "tests/torch_impl/test_zero.py::"
+        "test_in_float32_each_sharded_strategy_stays_within_ddps_own_rounding",
+        "torch_impl/zero.py",
+        "    for stage in (net.layer1, net.layer2, net.layer3, net.layer4):\n"
+        "        fully_shard(stage, mesh=mesh, reshard_after_forward=True)\n"
+        "    fully_shard(net, mesh=mesh, reshard_after_forward=True)\n"
+        "    optimizer = optimizer(net.parameters())\n",
+        "    optimizer = optimizer(net.parameters())\n"
+        "    for stage in (net.layer1, net.layer2, net.layer3, net.layer4):\n"
+        "        fully_shard(stage, mesh=mesh, reshard_after_forward=True)\n"
+        "    fully_shard(net, mesh=mesh, reshard_after_forward=True)\n",
+        "ZeRO-3's AdamW bound to the parameters before fully_shard replaced them with shards: "
+        "it steps tensors the model no longer uses",
+    ),
 ]
 
 GPU_MUTANTS = [
