@@ -100,6 +100,20 @@ def parser(framework: str) -> argparse.ArgumentParser:
     )
     p.add_argument("--split-size", type=whole_number, default=None, help="resnet50 pipeline")
     p.add_argument("--sweep", action="store_true", help="resnet50: sweep the preset's split sizes")
+    _switches(p)
+    _node_options(p)
+    p.add_argument(
+        "--results", default=str(results.DEFAULT_PATH), help="JSON Lines file to append to"
+    )
+    p.add_argument(
+        "--no-progress", action="store_true", help="plain lines instead of a progress bar"
+    )
+    return p
+
+
+def _switches(p: argparse.ArgumentParser) -> None:
+    """What a run computes beside its workload: precision, BatchNorm, buckets, compile, ceiling,
+    profile."""
     p.add_argument("--amp", choices=("off", "bf16"), default="off", help="mixed precision")
     p.add_argument(
         "--sync-bn",
@@ -130,14 +144,6 @@ def parser(framework: str) -> argparse.ArgumentParser:
         help="trace the first timed epoch (resnet50: repeat; --ceiling: and its first repeat) "
         "into DIR with the framework's profiler; writes no record",
     )
-    _node_options(p)
-    p.add_argument(
-        "--results", default=str(results.DEFAULT_PATH), help="JSON Lines file to append to"
-    )
-    p.add_argument(
-        "--no-progress", action="store_true", help="plain lines instead of a progress bar"
-    )
-    return p
 
 
 def _node_options(p: argparse.ArgumentParser) -> None:
