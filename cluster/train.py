@@ -76,7 +76,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", nargs="+", type=int, default=[1, 2], help="node counts to run")
     p.add_argument("--links", nargs="+", default=["unlimited"], help="unlimited, 10gbit, ...")
     p.add_argument("--workload", default="resnet18", choices=config.RESNET18_WORKLOADS)
-    p.add_argument("--strategy", default=None, help="zero: the strategy (one framework)")
+    p.add_argument(
+        "--strategy", default=None, help="the strategy over the nodes (JAX resnet18: shard_map)"
+    )
     p.add_argument("--gpus-per-node", type=int, default=1, help="devices on each node")
     p.add_argument("--cores-per-device", type=int, default=1)
     p.add_argument("--preset", default="cpu", choices=config.PRESETS)
@@ -134,16 +136,16 @@ def check(args) -> None:
 
 
 def check_strategy(args) -> None:
-    """--strategy: zero's, one each framework runs over several machines."""
+    """--strategy: one that each framework runs over several machines."""
     if args.strategy is None:
         return
-    if args.workload != "zero":
-        raise config.ConfigError("--strategy chooses among zero's strategies; add --workload zero")
+    zero = args.workload == "zero"
+    allowed = checks.ZERO_NODE_STRATEGIES if zero else checks.RESNET18_NODE_STRATEGIES
     for fw in args.frameworks:
-        if args.strategy not in checks.ZERO_NODE_STRATEGIES[fw]:
+        if args.strategy not in allowed[fw]:
             raise config.ConfigError(
-                f"{fw} runs zero over several machines as one of "
-                f"{', '.join(checks.ZERO_NODE_STRATEGIES[fw])}, not {args.strategy!r}"
+                f"{fw} runs {args.workload} over several machines as one of "
+                f"{', '.join(allowed[fw])}, not {args.strategy!r}"
             )
 
 
@@ -154,7 +156,7 @@ def strategy_of(fw: str, nodes: int, args) -> str:
     itself: its sharding over one device is the baseline its nodes are measured against."""
     if args.workload == "zero":
         return args.strategy or ZERO_DEFAULT[fw]
-    return ENGINES[fw][0] if nodes > 1 or fw != "mxnet" else "gluon"
+    return args.strategy or (ENGINES[fw][0] if nodes > 1 or fw != "mxnet" else "gluon")
 
 
 def check_links(rates, payload: int, ranks: int, peer_timeout: int, what: str) -> None:

@@ -126,11 +126,14 @@ NODE_OPTIONS = ("--nnodes", "--node-rank", "--rdzv-endpoint", "--rdzv-timeout")
 MAX_TIMEOUT_S = 86400  # a day: a longer wait is a slip of the keyboard, and overflows clocks
 NODES_SCOPE = (
     "--nnodes, --node-rank and --rdzv-* apply to the multi-node engines of resnet18 (torch ddp, "
-    "JAX sharding, MXNet dist), zero's strategies, and their allreduce"
+    "JAX sharding and shard_map, MXNet dist), zero's strategies, and their allreduce"
 )
 # Each framework's engine over several machines: torchrun's c10d rendezvous, jax.distributed's
 # coordinator, ps-lite's scheduler (each at node 0's --rdzv-endpoint).
 NODE_STRATEGIES = {"torch": "ddp", "jax": "sharding", "mxnet": "dist"}
+# resnet18's strategies that run there: JAX's shard_map is one program over the same Mesh as
+# sharding, its collectives written out (and bucketed).
+RESNET18_NODE_STRATEGIES = {"torch": ("ddp",), "jax": ("sharding", "shard_map"), "mxnet": ("dist",)}
 # zero's strategies that run there too: each is one process per device under the same engine.
 ZERO_NODE_STRATEGIES = {
     "torch": ("ddp", "zero1", "zero2", "zero3"),
@@ -147,8 +150,9 @@ def check_nodes(framework: str, args: argparse.Namespace) -> None:
         return
     if args.workload not in ("resnet18", "zero", "allreduce"):
         raise config.ConfigError(f"{NODES_SCOPE}, not {args.workload}; drop {given[0]}")
+    allowed = ZERO_NODE_STRATEGIES if args.workload == "zero" else RESNET18_NODE_STRATEGIES
     engine = NODE_STRATEGIES[framework]
-    if args.workload == "zero" and args.strategy in ZERO_NODE_STRATEGIES[framework]:
+    if args.workload != "allreduce" and args.strategy in allowed[framework]:
         engine = args.strategy
     if args.strategy not in (None, engine):
         raise config.ConfigError(

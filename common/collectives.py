@@ -181,12 +181,15 @@ def ddp_buckets(grads: list[tuple]) -> list[tuple]:
     return buckets + [(open_bytes, grads[-1][1], open_bn)] if open_bytes else buckets
 
 
-def step_ops(framework: str, strategy: str, sync_bn: bool) -> list[Collective] | None:
+def step_ops(
+    framework: str, strategy: str, sync_bn: bool, bucketed: bool = True
+) -> list[Collective] | None:
     """Each collective one ResNet-18 step makes across data-parallel devices, in the order its
     step makes them (the backward readies the last layer's gradients first); None for an engine
     this model does not know. Each framework's suite counts its engine's own and holds this list
     to it (torch: a 2-rank gloo step's profiled collectives; JAX: the optimized program's
-    all-reduce operands; MXNet: the Trainer's kvstore calls)."""
+    all-reduce operands; MXNet: the Trainer's kvstore calls). `bucketed`: JAX's shard_map and
+    pmap pack the gradients and the loss into one buffer (False: --unbucketed)."""
     shapes = flops.parameter_shapes("resnet18")
     shares = backward_shares()
     grads = [
@@ -215,6 +218,9 @@ def step_ops(framework: str, strategy: str, sync_bn: bool) -> list[Collective] |
         for b, _, bn, name in grads
         if not (once and name.endswith(".shortcut.bias"))
     ] + [Collective(ELEMENT_BYTES, 1.0, OPERAND, LOSS)]
+    if once and bucketed:  # shard_map's and pmap's bucket: every gradient and the loss, whole
+        size, bn = sum(g[0] for g in grads) + ELEMENT_BYTES, sum(g[2] for g in grads)
+        at_end = [Collective(size, 1.0, OPERAND, f"{GRADIENTS} and {LOSS}, one buffer", bn)]
     if not sync_bn:  # each device keeps its own running statistics: none move
         return at_end
     forward = [
@@ -228,11 +234,13 @@ def step_ops(framework: str, strategy: str, sync_bn: bool) -> list[Collective] |
     return [*forward, *backward, *at_end]
 
 
-def step_collectives(framework: str, strategy: str, sync_bn: bool) -> list[tuple] | None:
+def step_collectives(
+    framework: str, strategy: str, sync_bn: bool, bucketed: bool = True
+) -> list[tuple] | None:
     """(bytes, ready) of each collective one ResNet-18 step makes (`step_ops`), the step model's
     pieces (compare.scaling), each timed at the engine's all-reduce fit; None for an engine this
     model does not know."""
-    ops = step_ops(framework, strategy, sync_bn)
+    ops = step_ops(framework, strategy, sync_bn, bucketed)
     return None if ops is None else [(c.bytes, c.ready) for c in ops]
 
 

@@ -38,6 +38,7 @@ import numpy as np
 
 from common import (
     ceiling,
+    checks,
     config,
     cores,
     data,
@@ -333,6 +334,8 @@ def make_record(hooks: Hooks, args, plan, cfg, device_names, **fields) -> result
         extra["data_dir"] = str(data.find_dir())
     if args.workload in config.RESNET18_WORKLOADS:  # each device's share, or all (--sync-bn)
         extra["batch_norm"] = "sync" if getattr(args, "sync_bn", False) else "per-device"
+    if hooks.framework == "jax" and args.strategy in checks.BUCKETED.get(args.workload, ()):
+        extra["bucketed"] = not getattr(args, "unbucketed", False)  # one buffer, or per array
     if hooks.framework == "torch":  # eager, or compiled (--compile): JAX and MXNet always compile
         extra["compiled"] = getattr(args, "compile", False)
     if getattr(args, "profile", None):  # a traced run: its save prints it and keeps no record

@@ -9,7 +9,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common import results
+from common import checks, results
 from common.results import Record
 from compare.checks import CEILING, SHARED_DEVICE, parse_time, positive, problem
 
@@ -59,6 +59,10 @@ class Entry:
         # device's share: a row of its own. On one device the two are the same.
         self.sync_bn = batch_norm(rec) == "sync" and rec.devices != 1
         self.label = str(rec.strategy) + self.tier + ("+sync-bn" if self.sync_bn else "")
+        # JAX's explicit collectives, packed into one buffer or not (--unbucketed): records
+        # from before the field ran unbucketed.
+        packs = rec.framework == "jax" and rec.strategy in checks.BUCKETED.get(rec.workload, ())
+        self.label += "+unbucketed" if packs and not extra.get("bucketed", False) else ""
         self.cores_per_device = extra.get("cores_per_device")  # None: the devices shared cores
         self.execution = extra.get("execution")
         self.nodes = extra.get("nodes")  # None: no cluster run

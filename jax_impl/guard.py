@@ -47,9 +47,10 @@ def joining(join):
         count = _processes(args)
         if count < 2:
             return join(plan, args)
-        if getattr(args, "strategy", None) not in (None, "sharding"):
+        allowed = _over_processes(args)
+        if getattr(args, "strategy", None) not in (None, *allowed):
             raise config.ConfigError(
-                f"several JAX processes need --strategy sharding, not {args.strategy}"
+                f"several JAX processes need --strategy {' or '.join(allowed)}, not {args.strategy}"
             )
         rank, address, timeout = _settings(count)
         _listen_where_told(address, plan.platform)
@@ -70,6 +71,14 @@ def joining(join):
         return world
 
     return joined
+
+
+def _over_processes(args) -> tuple[str, ...]:
+    """The strategies that run as one program over every process's devices: a Mesh of them all
+    (lesson 2's sharding and shard_map; lesson 4's, which shard over the same Mesh)."""
+    if getattr(args, "workload", None) == "zero":
+        return checks.ZERO_NODE_STRATEGIES["jax"]
+    return checks.RESNET18_NODE_STRATEGIES["jax"]
 
 
 def wrapped(argv: list[str]) -> bool:

@@ -271,10 +271,10 @@ def main(args, plan, cfg, hooks):
     with run.sampling(utilization.sampler_for(plan.platform, world.plan.count)):
         state, compiled = train(net, cfg, ds, chosen, run)
     usage = jdev.with_allocator_peaks(run.usage(), world)
-    run.save(strategy, {**usage, **_record(net, state, compiled, world, strategy, args)})
+    run.save(strategy, {**usage, **_record(net, state, compiled, world, strategy)})
 
 
-def _record(net, state, compiled, world, strategy, args) -> dict:
+def _record(net, state, compiled, world, strategy) -> dict:
     """Lesson 4's fields (common/training.py's contract): state bytes, peak, collectives."""
     m = compiled.memory_analysis()
     peak = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
@@ -283,7 +283,6 @@ def _record(net, state, compiled, world, strategy, args) -> dict:
         "optimizer": "adamw",
         "zero_stage": STAGE[strategy],
         "state_on": "devices",
-        "bucketed": strategy == "fsdp_explicit" and not getattr(args, "unbucketed", False),
         "parameters": sum(int(np.prod(a.shape)) for a in jax.tree.leaves(state["params"])),
         "state_bytes": state_bytes(state, world),
         "peak_bytes": {

@@ -11,15 +11,17 @@ a process configured by its environment:
 On one machine (DMLC_ROLE unset) this module starts them all on 127.0.0.1: the scheduler,
 DMLC_NUM_SERVER servers (default 1) and DMLC_NUM_WORKER workers (default N: one context each;
 N must divide over them), on port DMLC_PS_ROOT_PORT (default: a free one; a busy one is refused).
-A scheduler or server is `python -c 'import mxnet'`: importing mxnet with DMLC_ROLE set to
-scheduler or server runs that role until the workers finish, then exits.
+A scheduler or server is MXNet's KVStoreServer, which `import mxnet` runs with DMLC_ROLE set to
+scheduler or server until the workers finish; guard.serve runs it once MXNet's import is whole
+(a server of lesson 4's `server` strategy unpickles the workers' optimizer, which needs Gluon).
 
 On several machines, start each process yourself with the same DMLC_PS_ROOT_URI (the
 scheduler machine's address, reachable from all), DMLC_PS_ROOT_PORT, DMLC_NUM_SERVER and
 DMLC_NUM_WORKER (DMLC_NODE_HOST=<this machine's address> where ps-lite picks the wrong one):
 
-    DMLC_ROLE=scheduler python -c 'import mxnet'      # once, on the DMLC_PS_ROOT_URI machine
-    DMLC_ROLE=server python -c 'import mxnet'         # DMLC_NUM_SERVER times
+    SERVE="from mxnet_impl import guard; guard.serve()"
+    DMLC_ROLE=scheduler python -c "$SERVE"            # once, on the DMLC_PS_ROOT_URI machine
+    DMLC_ROLE=server python -c "$SERVE"               # DMLC_NUM_SERVER times
     DMLC_ROLE=worker python -m mxnet_impl --workload resnet18 --strategy dist --gpus N
                                                       # DMLC_NUM_WORKER times, the same N
 
@@ -80,7 +82,7 @@ def dist_sync(worker_cmd: list[str], n_contexts: int, what: str, args=None) -> N
         env = guard.process_environment(env, workers, n_contexts)
         roles, local = ["scheduler"] + [f"server {i}" for i in range(servers)], workers
     with supervise.Group(what) as group:
-        for role in roles:  # `import mxnet` with its DMLC_ROLE
+        for role in roles:  # guard.serve with its DMLC_ROLE
             group.start(f"the kvstore {role}", guard.SERVE, {**env, "DMLC_ROLE": role.split()[0]})
         for i in range(local):  # each worker keeps its slice of the cores (cores.narrow)
             mine = {**env, "DMLC_ROLE": "worker", cores.LOCAL_INDEX_ENV: str(i)}

@@ -248,7 +248,7 @@ def test_without_cap_net_admin_the_cluster_says_so_in_one_line(monkeypatch, caps
             "give --peer-timeout 165 or more, or a faster link",
         ),
         (["--links", "8kbit", "--peer-timeout", "3600"], "link 8kbit: a resnet18 step's"),
-        (["--strategy", "zero3"], "--strategy chooses among zero's strategies; add --workload"),
+        (["--strategy", "zero3"], "torch runs resnet18 over several machines as one of ddp, not"),
         (
             ["--workload", "zero", "--strategy", "zero3"],
             "jax runs zero over several machines as one of sharding, fsdp, fsdp_explicit, not",
@@ -285,6 +285,16 @@ def test_each_node_runs_the_batchnorm_asked_for(sync, tmp_path):
     cmd = cluster.node_command("jax", 1, 2, args, tmp_path / "r.jsonl", net)
     assert ("--sync-bn" in cmd) == sync
     assert cmd[cmd.index("--strategy") + 1] == "sharding"
+
+
+def test_jaxs_nodes_run_shard_map_where_asked():
+    """Lesson 2's shard_map over the nodes: its bucketed pmean across processes."""
+    args = cluster.parser().parse_args(["--frameworks", "jax", "--strategy", "shard_map"])
+    cluster.check_strategy(args)
+    net = type("Net", (), {"address": lambda self, node: "10.0.0.1"})()
+    for nodes in (1, 2):
+        cmd = cluster.node_command("jax", 0, nodes, args, Path("r.jsonl"), net)
+        assert cmd[cmd.index("--strategy") + 1] == "shard_map"
 
 
 @pytest.mark.parametrize(

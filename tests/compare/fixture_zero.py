@@ -115,6 +115,7 @@ def zero(framework, strategy, stage, state_on, n, median, cores=1, minute=0) -> 
         "step_collectives": COLLECTIVES[strategy] if n > 1 else [],
         "collectives_source": SOURCES[framework],
         **({"cores_per_device": cores} if cores else {}),
+        **({"bucketed": True} if strategy == "fsdp_explicit" else {}),
         "execution": "concurrent" if framework == "jax" else "processes",
     }
     rec = record(

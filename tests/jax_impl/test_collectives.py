@@ -81,8 +81,8 @@ def test_the_step_model_has_xlas_all_reduce_operands(strategy, sync):
     kw = {} if strategy == "sharding" else {"bucketed": False}
     found = all_reduces(jax.devices("cpu")[:2], sync, strategy, **kw)
     found = [b for shape in found for b in operand_bytes(shape)]
-    modelled = [size for size, _ in collectives.step_collectives("jax", strategy, sync)]
-    assert sorted(modelled) == sorted(found)
+    modelled = collectives.step_collectives("jax", strategy, sync, bucketed=False)
+    assert sorted(size for size, _ in modelled) == sorted(found)
 
 
 @pytest.mark.parametrize("strategy", ["shard_map", pytest.param("pmap", marks=pytest.mark.slow)])
@@ -98,6 +98,7 @@ def test_bucketed_steps_all_reduce_one_buffer(strategy):
     ]
     gradients = sum(size for size, _ in collectives.step_collectives("jax", "sharding", False))
     assert found == [gradients], found  # the sharding model's operands: every gradient and the loss
+    assert [size for size, _ in collectives.step_collectives("jax", strategy, False)] == found
 
 
 @pytest.mark.multi_device
