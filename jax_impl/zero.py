@@ -132,8 +132,8 @@ def _merge(block, k):  # (N, *shard) -> the whole array: the shards side by side
 
 
 def _split(whole, k, n):  # the whole array -> (N, *shard), device i's shard in row i
-    if k is None:
-        return jnp.broadcast_to(whole, (n, *whole.shape))
+    if k is None:  # kept whole: summed by itself (`_scatter`), nothing in the buffer
+        return jnp.zeros((n, 0), whole.dtype)
     parts = whole.reshape(*whole.shape[:k], n, -1, *whole.shape[k + 1 :])
     return jnp.moveaxis(parts, k, 0)
 
@@ -148,13 +148,14 @@ def _gather(shards, axes, bucketed):
 
 
 def _scatter(grads, axes, n, bucketed):
-    """Each device's whole gradients -> its shard of their sum over the devices."""
+    """Each device's whole gradients -> its shard of their sum (an array kept whole: the sum)."""
     if not bucketed:  # a psum_scatter per array
         return jax.tree.map(_part, grads, axes)
     rows = jax.tree.map(partial(_split, n=n), grads, axes)  # (N, *shard): row i device i's
     flat = jax.vmap(lambda t: ravel_pytree(t)[0])(rows)  # (N, shards end to end)
     mine = lax.psum_scatter(flat, AXIS, scatter_dimension=0)  # row i summed, to device i
-    return ravel_pytree(jax.tree.map(lambda r: r[0], rows))[1](mine)
+    shards = ravel_pytree(jax.tree.map(lambda r: r[0], rows))[1](mine)
+    return jax.tree.map(lambda s, g, k: _part(g, k) if k is None else s, shards, grads, axes)
 
 
 def _whole(shard, k):  # one array gathered; one kept whole, this device's own copy of it

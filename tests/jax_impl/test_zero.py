@@ -31,11 +31,11 @@ VARIANTS = {  # what --strategy (and --unbucketed) choose
 }
 
 
-def _problem(dtype=jnp.float64):
-    """A small ResNet-18 (8 channels wide, a block per stage: fsdp splits every array over 2
-    devices) in `dtype`, AdamW with torch's defaults, and STEPS batches of 8 images."""
+def _problem(dtype=jnp.float64, width=8):
+    """A small ResNet-18 (`width` channels wide, a block per stage; at 8, fsdp splits every array
+    over 2 devices) in `dtype`, AdamW with torch's defaults, and STEPS batches of 8 images."""
     cfg = config.get_config("zero", "smoke")
-    net = r18.resnet18(width=8, residuals=1, dtype=dtype)
+    net = r18.resnet18(width=width, residuals=1, dtype=dtype)
     rng = np.random.default_rng(1)
     x, y = rng.random((8 * STEPS, 8, 8, 1)), rng.integers(0, 10, 8 * STEPS).astype(np.int32)
     return net, zero.make_optimizer(cfg), x, y, [np.arange(8 * i, 8 * i + 8) for i in range(STEPS)]
@@ -56,12 +56,12 @@ def _host(state):
 
 
 @functools.cache
-def _one_device(shares):
+def _one_device(shares, width=8):
     """The steps on one device, plain jit: each batch through the net as `shares` parts, each
     normalised alone with a row of running statistics of its own (lesson 2's `gradients`),
     their gradients averaged: (start, state after, losses)."""
     with jax.enable_x64(True):
-        net, optimizer, x, y, batches = _problem()
+        net, optimizer, x, y, batches = _problem(width=width)
         state, x, y = _start(net, optimizer, shares), jnp.asarray(x), jnp.asarray(y)
 
         @jax.jit
@@ -77,11 +77,11 @@ def _one_device(shares):
 
 
 @functools.cache
-def _devices_steps(variant, n):
+def _devices_steps(variant, n, width=8):
     """The steps under a strategy on n devices, float64: (state after, losses, its compiled
     step, the state's bytes per device)."""
     with jax.enable_x64(True):
-        net, optimizer, x, y, batches = _problem()
+        net, optimizer, x, y, batches = _problem(width=width)
         world = runs.world_of(jax.devices("cpu")[:n])
         place, shard, step, _, total = VARIANTS[variant](net, optimizer, world)
         state, (x_all, y_all) = place(_start(net, optimizer, 0)), place([x, y])
@@ -94,9 +94,9 @@ def _devices_steps(variant, n):
         return _host(state), losses, compiled, zero.state_bytes(state, world)
 
 
-def _check(name, variant, n):
-    start, want, want_losses = _one_device(n)
-    got, losses, _, _ = _devices_steps(variant, n)
+def _check(name, variant, n, width=8):
+    start, want, want_losses = _one_device(n, width)
+    got, losses, _, _ = _devices_steps(variant, n, width)
     # The steps moved every part of the state far more than the limit: a wrong step shows.
     assert numerics.rel_error(want, start) > 1e3 * numerics.SAME_MATH_LIMIT
     assert got.keys() == want.keys()
@@ -116,6 +116,18 @@ def test_sharded_strategies_step_adamw_as_one_device(variant):
     not gathered, a gradient summed and not averaged (AdamW's update barely sees the scale; its
     moments do), a shard stepped twice: each is off by O(1) somewhere in the state."""
     _check(f"jax zero {variant} 2 devices vs 1", variant, 2)
+
+
+@pytest.mark.numerics
+@pytest.mark.multi_device
+def test_an_array_no_axis_of_which_n_divides_steps_whole_as_one_device():
+    """An array kept whole on every device (`_layout`: N divides none of its axes) has its
+    gradient summed whole, outside the bucket, so that every device takes the same step with it:
+    3 channels wide, the stem's and the first stage's arrays are such arrays on two
+    devices, as ResNet-18's 10 classifier biases are on four and eight. Put in the bucket as N
+    copies, its gradient comes back as one device's row, which shard_map refuses to call the
+    same on every device."""
+    _check("jax zero fsdp_explicit, arrays kept whole, 2 devices vs 1", "fsdp_explicit", 2, 3)
 
 
 @pytest.mark.slow
