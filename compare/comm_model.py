@@ -39,6 +39,21 @@ def nccl_latency(n: int, step_latency: float) -> float:
     return NCCL_BASE_LATENCY_S + 2 * (n - 1) * step_latency
 
 
+# An all-reduce covers its buffer twice: a reduce-scatter, then an all-gather.
+WEIGHT = {"all_reduce": 2}
+
+
+def covered(collectives: list[dict]) -> int:
+    """Bytes a device's collectives of one step cover (a record's `step_collectives`)."""
+    return sum(WEIGHT.get(c["op"], 1) * c["bytes"] for c in collectives)
+
+
+def collective_link_bytes(n: int, collectives: list[dict]) -> float:
+    """Bytes one node's link carries per step each way for a step's counted collectives (lesson
+    4's records): each ring collective moves (n - 1) / n of what it covers across each link."""
+    return (n - 1) / n * covered(collectives)
+
+
 def link_bytes(n: int, gradient_bytes: float) -> float:
     """Bytes one node's link carries per step in each direction (the module's docstring)."""
     if n < 1:

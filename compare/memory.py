@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from compare import comm_model as cm
 from compare.records import Entry, rank
 from compare.scaling_report import fmt_bytes
 from compare.tables import DASH, Table
@@ -50,7 +51,6 @@ OPS = (
     "push",
     "pull",
 )
-WEIGHT = {"all_reduce": 2}
 # Each framework's plain data parallel: the 1-device run the others' time is set against.
 BASELINE = {"torch": "ddp", "jax": "sharding", "mxnet": "dist"}
 
@@ -99,7 +99,7 @@ def textbook_moved(stage: int) -> int:
 
 def moved(collectives: list[dict]) -> int:
     """Bytes a device's collectives cover per step, each all-reduce twice."""
-    return sum(WEIGHT.get(c["op"], 1) * c["bytes"] for c in collectives)
+    return cm.covered(collectives)
 
 
 @dataclass
@@ -183,6 +183,13 @@ def memory_table(entries: list[Entry], title: str = "zero: state bytes per devic
     return Table(title, head, body, notes)
 
 
+BELOW = (
+    "below the closed form: the bytes are read between steps, and the parameters this stage "
+    "keeps whole during a step were sharded again by then (torch's fully_shard with "
+    "reshard_after_forward=False reshards after the backward)"
+)
+
+
 def memory_grid(entries: list[Entry]) -> Table | None:
     """The memory table folded for a page: a row per run, a column per device count, each cell
     the most any device holds, its ratio to the closed form and the peak."""
@@ -191,11 +198,13 @@ def memory_grid(entries: list[Entry]) -> Table | None:
         return None
     counts = sorted({r.e.rec.devices for r in rows})
     cells: dict[str, dict[int, str]] = {}
-    forms, sources = {}, {}
+    forms, sources, below = {}, {}, set()
     for r in rows:
         closed = sum(r.closed().values())
         most = max(r.total(i) for i in range(len(r.devices)))
         ratio = f" ({most / closed:.3f})" if closed else ""
+        if closed and most < closed:
+            below.add(r.name)
         peak = peak_cell(r.e, sources)
         cell = fmt_bytes(most) + ratio + (f"; peak {peak}" if peak != DASH else "")
         cells.setdefault(r.name, {})[r.e.rec.devices] = cell
@@ -210,6 +219,8 @@ def memory_grid(entries: list[Entry]) -> Table | None:
         "ratio to the closed form in brackets, and the largest peak of the run's devices.",
     ]
     notes += [f"peak {mark}: {text}" for text, mark in sources.items()]
+    if below:  # what the shards held between steps, below what the stage holds during one
+        notes.append(f"{', '.join(sorted(below))}: {BELOW}")
     return Table("zero: state bytes per device", head, body, notes)
 
 

@@ -31,10 +31,16 @@ REFERENCE = (  # relative to ROOT
     "results/cpu-avx512-2core.jsonl",
     "results/cpu-xeon-avx512-2core-cores.jsonl",
     "results/cpu-xeon-avx512-2core.jsonl",
+    "results/zero-cpu-epyc-avx512-2core.jsonl",
 )
 # The README's groups: the fastest GPU, its records all of one clean commit; the CPU of one clean
-# `make compare` of the whole plan, each 2-device run on cores of its own beside a 1-device run.
-README_SOURCES = ("results/gpu-h200.jsonl", "results/cpu-xeon-avx512-2core.jsonl")
+# `make compare` of the whole plan, each 2-device run on cores of its own beside a 1-device run;
+# lesson 4's on a CPU, its plan's runs and the same strategies on 4 and 8 devices.
+README_SOURCES = (
+    "results/gpu-h200.jsonl",
+    "results/cpu-xeon-avx512-2core.jsonl",
+    "results/zero-cpu-epyc-avx512-2core.jsonl",
+)
 FIGURE = "docs/comparison.png"
 FIGURE_DATA = "docs/comparison.json"
 BEGIN = "<!-- reference-results:begin (`make readme-tables` writes this part from the records) -->"

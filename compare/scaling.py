@@ -141,7 +141,9 @@ def analyse(e: Entry, base: Entry | None, fits: dict) -> Cell:
     n, grad = e.nodes, e.rec.extra.get("gradient_bytes")
     if n == 1 or grad is None:
         return cell
-    cell.bytes_model = cm.link_bytes(n, grad)
+    counted = e.rec.extra.get("step_collectives")  # lesson 4's: the step's own collectives
+    ring = counted and not any(c["op"] in ("push", "pull") for c in counted)
+    cell.bytes_model = cm.collective_link_bytes(n, counted) if ring else cm.link_bytes(n, grad)
     if pieces := measured_exchange(e, fits):
         cell.comm = sum(t for t, _ in pieces)
         if cell.compute is not None:

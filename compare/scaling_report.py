@@ -34,7 +34,9 @@ NOTES = [
     "speedup / nodes.",
     "s/step = batch_size / images_per_sec over the timed epochs; bytes/step measured: what node "
     "0's interface carried in those epochs, (sent + received) / 2 / steps, headers included; "
-    "bytes/step model: 2 (n - 1) / n x G each way.",
+    "bytes/step model: 2 (n - 1) / n x G each way; a zero run whose step all-gathers, "
+    "reduces or broadcasts: (n - 1) / n of what its step's collectives cover (the record's "
+    "step_collectives, an all-reduce twice).",
     "comm (model): the sum over the step's collectives of alpha + 2 (n - 1) / n x bytes / busbw; "
     "exposed comm: this run's s/step - the 1-node run's; overlap: comm (model) - exposed comm, "
     "at least 0: the exchange the compute hid, as far as the model is right; model: its s/step "

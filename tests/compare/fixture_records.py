@@ -112,6 +112,8 @@ def lenet(framework, devices, median, std, acc, images, day=20, **kw) -> Record:
 
 def resnet18(framework, strategy, devices, median, acc, extrapolated, **kw) -> Record:
     kw["extra"] = {"batch_norm": "per-device", **kw.get("extra", {})}  # as a run records it
+    if framework == "jax" and strategy in ("shard_map", "pmap"):
+        kw["extra"] = {"bucketed": True, **kw["extra"]}  # its gradients in one buffer
     return record(
         framework,
         "resnet18",

@@ -57,6 +57,20 @@ def test_link_bytes_are_two_n_minus_one_over_n_of_the_gradient_each_way():
     check_bytes(cm.link_bytes)
 
 
+def test_a_steps_counted_collectives_cross_each_link_as_their_rings_do():
+    """Lesson 4's records: an all-gather (or a reduce-scatter) is one phase of the ring, an
+    all-reduce both, so a step that gathers G and all-reduces G carries 3 (n - 1) / n x G."""
+    ops = [
+        {"op": "all_gather", "count": 3, "bytes": G},
+        {"op": "all_reduce", "count": 1, "bytes": G},
+    ]
+    for n in (1, 2, 4, 8):
+        sent, received = ring_count(n, G)
+        assert sent == received
+        assert cm.collective_link_bytes(n, ops) == pytest.approx(sent / 2 + sent, rel=1e-12), n
+    assert cm.covered(ops) == 3 * G  # an all-reduce counted once would give 2 G
+
+
 @pytest.mark.parametrize(
     "bug",
     [

@@ -16,7 +16,7 @@ import jax
 import pytest
 
 from common import config, devices, processes, signals
-from jax_impl import launch
+from jax_impl import guard, launch
 from tests.fixtures import interrupt, sockets, stopping
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,14 +49,10 @@ def test_bad_multi_process_settings_are_config_errors(monkeypatch, env, message)
         launch.join(devices.DevicePlan(1, "cpu", True))
 
 
-class Joined(Exception):
-    """jax.distributed.initialize reached."""
-
-
 def test_one_process_is_a_world_of_its_own_and_several_run_one_program_over_the_mesh(monkeypatch):
     """Without JAX_NUM_PROCESSES a process is alone; with it, a strategy that cannot span
-    processes is refused before jax.distributed is touched, and lesson 4's, one program over
-    the Mesh of every process's devices as lesson 2's sharding, go on to join."""
+    processes is refused before jax.distributed is touched; those that can are one program over
+    the Mesh of every process's devices (lesson 2's sharding and shard_map, lesson 4's)."""
     monkeypatch.delenv("JAX_NUM_PROCESSES", raising=False)
     world = launch.join(devices.DevicePlan(1, "cpu", True))
     assert (world.rank, world.size, world.plan.count, world.sum(3.0)) == (0, 1, 1, 3.0)
@@ -69,21 +65,11 @@ def test_one_process_is_a_world_of_its_own_and_several_run_one_program_over_the_
     args = argparse.Namespace(workload="zero", strategy="pmap", nnodes=None)
     with pytest.raises(config.ConfigError, match="sharding or fsdp or fsdp_explicit, not pmap"):
         launch.join(devices.DevicePlan(1, "cpu", True), args)
-
-    def initialize(*args, **kwargs):
-        raise Joined
-
-    monkeypatch.setattr(jax.distributed, "initialize", initialize)
-    monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", f"127.0.0.1:{free_port()}")
-    monkeypatch.setenv("JAX_PROCESS_ID", "1")
-    for workload, strategy in (
-        ("resnet18", "shard_map"),
-        ("zero", "fsdp"),
-        ("zero", "fsdp_explicit"),
+    for workload, allowed in (
+        ("resnet18", ("sharding", "shard_map")),
+        ("zero", ("sharding", "fsdp", "fsdp_explicit")),
     ):
-        args = argparse.Namespace(workload=workload, strategy=strategy, nnodes=None)
-        with pytest.raises(Joined):
-            launch.join(devices.DevicePlan(1, "cpu", True), args)
+        assert guard._over_processes(argparse.Namespace(workload=workload)) == allowed
 
 
 def free_port() -> int:

@@ -186,9 +186,17 @@ def _check_steps(name, got, got_losses, want):
             np.testing.assert_array_equal(v, got[0][k], err_msg=k)
 
 
+# The fast tier holds every path but pmap's (its bucket is shard_map's); the slow tier all.
+SLOW_PMAP = [pytest.param(s, marks=pytest.mark.slow) if s == "pmap" else s for s in r18.STRATEGIES]
+# --sync-bn: sharding's in the fast tier, the explicit strategies' in the slow.
+SLOW_EXPLICIT = [
+    s if s == "sharding" else pytest.param(s, marks=pytest.mark.slow) for s in r18.STRATEGIES
+]
+
+
 @pytest.mark.numerics
 @pytest.mark.multi_device
-@pytest.mark.parametrize("strategy", r18.STRATEGIES)
+@pytest.mark.parametrize("strategy", SLOW_PMAP)
 def test_two_devices_equal_one_device_normalising_each_share(strategy):
     """Rule 1, per-device BatchNorm (the default, as DDP and Gluon): every strategy computes what
     one device computes normalising each device's share of the batch alone, its gradients and
@@ -204,7 +212,7 @@ def test_two_devices_equal_one_device_normalising_each_share(strategy):
 
 @pytest.mark.numerics
 @pytest.mark.multi_device
-@pytest.mark.parametrize("strategy", r18.STRATEGIES)
+@pytest.mark.parametrize("strategy", SLOW_EXPLICIT)
 def test_two_devices_with_sync_bn_equal_one_device_on_the_whole_batch(strategy):
     """Rule 1, --sync-bn: every strategy computes what one device computes on the whole batch
     (BatchNorm's statistics pmean'd over 'data'), to 2**-24 in float64."""

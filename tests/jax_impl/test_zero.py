@@ -118,6 +118,7 @@ def test_sharded_strategies_step_adamw_as_one_device(variant):
     _check(f"jax zero {variant} 2 devices vs 1", variant, 2)
 
 
+@pytest.mark.slow
 @pytest.mark.numerics
 @pytest.mark.multi_device
 def test_an_array_no_axis_of_which_n_divides_steps_whole_as_one_device():
