@@ -307,40 +307,45 @@ def holds_table(entries: list[Entry], n: int = 2) -> Table | None:
 
 
 def time_table(entries: list[Entry]) -> Table | None:
-    """Seconds per epoch of each run at each device count, and its speedup over its framework's
-    plain data parallel (BASELINE) on 1 device with as many cores per device: a row per run
-    and cores per device (a core each, or the devices sharing the machine's), as the report's
+    """Seconds per epoch of each run at each device count and cores per device (a core each, or
+    the devices sharing the machine's), a column each, and its speedups over its framework's
+    plain data parallel (BASELINE) on 1 device with as many cores per device, as the report's
     speedups are only of like runs."""
     mine = [e for e in entries if e.rec.workload == "zero" and e.nodes is None and not e.ceiling]
     if not mine:
         return None
-    counts = sorted({e.rec.devices for e in mine})
-    cells: dict[tuple, dict[int, Entry]] = {}
+    columns = sorted(
+        {(e.rec.devices, e.cores_per_device) for e in mine},
+        key=lambda c: (c[0], c[1] is None, c[1] or 0),
+    )
+    cells: dict[tuple, dict[tuple, Entry]] = {}
     for e in mine:
-        cells.setdefault((e.rec.framework, e.label, e.cores_per_device), {})[e.rec.devices] = e
-
-    def order(key):
-        return (*rank("zero", *key[:2]), key[2] is None, key[2] or 0)
-
-    head = ["run", "cores per device", *(f"N = {n}, s/epoch" for n in counts), "speedup"]
+        cells.setdefault((e.rec.framework, e.label), {})[(e.rec.devices, e.cores_per_device)] = e
+    head = ["run", *(f"N = {n}, {cores_text(c)}" for n, c in columns), "speedup"]
     body = []
-    for key in sorted(cells, key=order):
-        (fw, label, cores), runs_of = key, cells[key]
-        base = cells.get((fw, BASELINE.get(fw), cores), {}).get(1)
-        row = [f"{fw} {label}", str(cores) if cores else "shared"]
-        row += [seconds(runs_of[n]) if n in runs_of else DASH for n in counts]
-        top = max(runs_of)
-        timed = base and top > 1 and not (base.diverged or runs_of[top].diverged)
-        row.append(f"{base.median / runs_of[top].median:.2f}x at N = {top}" if timed else DASH)
-        body.append(row)
+    for fw, label in sorted(cells, key=lambda key: rank("zero", *key)):
+        runs_of, base_of = cells[fw, label], cells.get((fw, BASELINE.get(fw)), {})
+        row = [f"{fw} {label}", *(seconds(runs_of[c]) if c in runs_of else DASH for c in columns)]
+        speedups = [
+            f"{base_of[1, cores].median / e.median:.2f}x at N = {n}"
+            for (n, cores), e in sorted(runs_of.items(), key=lambda item: item[0][0])
+            if n > 1 and (1, cores) in base_of and not (e.diverged or base_of[1, cores].diverged)
+        ]
+        body.append(row + ["; ".join(speedups) or DASH])
     notes = [
-        "speedup: the 1-device run of each framework's plain data parallel "
-        f"({', '.join(BASELINE.values())}) on as many cores per device, over the run on the "
-        "most devices; shared: the devices shared the machine's cores."
+        "s/epoch at each device count N and cores per device: a core each, or the devices "
+        "sharing the machine's cores. speedup: the 1-device run of each framework's plain data "
+        f"parallel ({', '.join(BASELINE.values())}) on as many cores per device over the run on N."
     ]
     if any(e.rec.extrapolated for e in mine):
         notes.append("* projected from the timed steps of each epoch.")
     return Table("zero: seconds per epoch", head, body, notes)
+
+
+def cores_text(cores: int | None) -> str:
+    if cores is None:
+        return "shared cores"
+    return "a core each" if cores == 1 else f"{cores} cores each"
 
 
 def seconds(e: Entry) -> str:

@@ -273,7 +273,8 @@ def _provenance(path: str, shown: list[Entry]) -> str:
     """Where the numbers come from: the file, the machine, the versions, the commits."""
     first, hw = shown[0].rec, shown[0].rec.hardware
     batches = shown[0].extra.get("num_batches")
-    size = f"{first.epochs} epochs" if first.sec_per_epoch else f"{batches} batches a repeat"
+    epochs = "/".join(str(n) for n in sorted({e.rec.epochs for e in shown}))
+    size = f"{epochs} epochs" if first.sec_per_epoch else f"{batches} batches a repeat"
     versions = dict.fromkeys(
         f"{e.rec.framework} {e.rec.versions.get(e.rec.framework)}" for e in shown
     )
@@ -283,8 +284,9 @@ def _provenance(path: str, shown: list[Entry]) -> str:
         f"{machine}, preset {first.preset}, {size}; {', '.join(versions)}; "
         f"commit {', '.join(commits)}; each run's median time."
     )
-    steps = {e.rec.steps_timed for e in shown if e.rec.extrapolated}
-    return line + (f" \\* projected from {min(steps)} timed steps an epoch." if steps else "")
+    timed = {e.rec.steps_timed for e in shown if e.rec.extrapolated and e.rec.steps_timed}
+    steps = "/".join(str(n) for n in sorted(timed))
+    return line + (f" \\* projected from {steps} timed steps an epoch." if steps else "")
 
 
 def _relink(markdown: str, origin, page, config) -> str:

@@ -501,7 +501,7 @@ def test_lesson_fours_tables_are_drawn_from_the_records_as_text(tmp_path, capsys
     shown = tables(built)
     assert [t[0][:2] for t in shown] == [["", "each device holds"], ["run", "closed form"]] + [
         ["run", "ZeRO stage"],
-        ["run", "cores per device"],
+        ["run", "N = 1, a core each"],
     ]
     zero2 = shown[0][3]  # the holds table's stages, after its header: DDP, ZeRO-1, ZeRO-2
     assert zero2[:3] == [
