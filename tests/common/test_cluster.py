@@ -121,10 +121,16 @@ SAID = {
 }
 
 
+# A detached port is found as a removed bridge is, after the same 10 s: the slow tier's.
+FAULT_CASES = [
+    pytest.param(f, marks=pytest.mark.slow) if f == "detach" else f for f in sorted(FAULTS)
+]
+
+
 @needs_netns
 @needs_two_cores
 @pytest.mark.parametrize("when", ["epoch 1/", "images/sec"])  # mid-run; in the exit barrier
-@pytest.mark.parametrize("fault", sorted(FAULTS))
+@pytest.mark.parametrize("fault", FAULT_CASES)
 def test_a_fault_on_one_node_ends_every_node_in_bounded_time(fake_python, tmp_path, fault, when):
     """A node stopped (SIGSTOP) is a fault once it stays so for --peer-timeout (5 s here)."""
     results = tmp_path / "r.jsonl"
@@ -395,9 +401,11 @@ def test_a_second_cluster_on_the_cores_another_holds_is_refused_in_one_line(monk
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_stop_while_the_cluster_command_imports_is_one_line(signum):
     """The stop comes as cluster.train imports its modules (common.netns, before main ran):
-    the line and 128 + the signal's number, no traceback, nothing made."""
+    the line and 128 + the signal's number, no traceback, nothing made. SIGINT as a terminal's
+    Ctrl-C gives it, also where this test runs with SIGINT ignored (a shell's background job)."""
     code = (
-        "import os, runpy, sys\n"
+        "import os, runpy, signal, sys\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "class Stop:\n"
         "    def find_spec(self, name, path, target=None):\n"
         "        if name == 'common.netns':\n"

@@ -278,6 +278,7 @@ def test_main_sweep_writes_one_record_per_split(tmp_path, shallow_main):
     assert all(r["extra"]["round_robin"] and r["seconds"]["n"] == 1 for r in recs)
 
 
+@pytest.mark.slow
 def test_sweep_takes_the_split_sizes_round_robin(tmp_path, devs):
     """One model for the whole sweep, its split size changed between repeats: each step sees
     the split size of harness.round_robin's order, and each split size has its repeats. The
