@@ -139,8 +139,7 @@ def check_strategy(args) -> None:
     """--strategy: one that each framework runs over several machines."""
     if args.strategy is None:
         return
-    zero = args.workload == "zero"
-    allowed = checks.ZERO_NODE_STRATEGIES if zero else checks.RESNET18_NODE_STRATEGIES
+    allowed = checks.node_strategies(args.workload)
     for fw in args.frameworks:
         if args.strategy not in allowed[fw]:
             raise config.ConfigError(

@@ -142,6 +142,11 @@ ZERO_NODE_STRATEGIES = {
 }
 
 
+def node_strategies(workload: str | None) -> dict[str, tuple[str, ...]]:
+    """Each framework's strategies of `workload` that run over several machines."""
+    return ZERO_NODE_STRATEGIES if workload == "zero" else RESNET18_NODE_STRATEGIES
+
+
 def check_nodes(framework: str, args: argparse.Namespace) -> None:
     """The options of a run over several machines (torchrun's c10d rendezvous): refused in one
     line where they do not apply, and checked before a framework is imported."""
@@ -150,9 +155,8 @@ def check_nodes(framework: str, args: argparse.Namespace) -> None:
         return
     if args.workload not in ("resnet18", "zero", "allreduce"):
         raise config.ConfigError(f"{NODES_SCOPE}, not {args.workload}; drop {given[0]}")
-    allowed = ZERO_NODE_STRATEGIES if args.workload == "zero" else RESNET18_NODE_STRATEGIES
     engine = NODE_STRATEGIES[framework]
-    if args.workload != "allreduce" and args.strategy in allowed[framework]:
+    if args.workload != "allreduce" and args.strategy in node_strategies(args.workload)[framework]:
         engine = args.strategy
     if args.strategy not in (None, engine):
         raise config.ConfigError(

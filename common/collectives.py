@@ -213,14 +213,15 @@ def step_ops(
     # Under shard_map's and pmap's pmean XLA reduces a value once where two gradients are the
     # same sum: a shortcut conv's bias and its block's second BatchNorm's bias.
     once = strategy != "sharding"
-    at_end = [
-        Collective(b, 1.0, OPERAND, GRADIENTS, bn)
-        for b, _, bn, name in grads
-        if not (once and name.endswith(".shortcut.bias"))
-    ] + [Collective(ELEMENT_BYTES, 1.0, OPERAND, LOSS)]
     if once and bucketed:  # shard_map's and pmap's bucket: every gradient and the loss, whole
         size, bn = sum(g[0] for g in grads) + ELEMENT_BYTES, sum(g[2] for g in grads)
         at_end = [Collective(size, 1.0, OPERAND, f"{GRADIENTS} and {LOSS}, one buffer", bn)]
+    else:
+        at_end = [
+            Collective(b, 1.0, OPERAND, GRADIENTS, bn)
+            for b, _, bn, name in grads
+            if not (once and name.endswith(".shortcut.bias"))
+        ] + [Collective(ELEMENT_BYTES, 1.0, OPERAND, LOSS)]
     if not sync_bn:  # each device keeps its own running statistics: none move
         return at_end
     forward = [

@@ -62,7 +62,8 @@ class Entry:
         # JAX's explicit collectives, packed into one buffer or not (--unbucketed): records
         # from before the field ran unbucketed.
         packs = rec.framework == "jax" and rec.strategy in checks.BUCKETED.get(rec.workload, ())
-        self.label += "+unbucketed" if packs and not extra.get("bucketed", False) else ""
+        self.unbucketed = packs and not extra.get("bucketed", False)
+        self.label += "+unbucketed" if self.unbucketed else ""
         self.cores_per_device = extra.get("cores_per_device")  # None: the devices shared cores
         self.execution = extra.get("execution")
         self.nodes = extra.get("nodes")  # None: no cluster run

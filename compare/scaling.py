@@ -66,8 +66,8 @@ def made(e: Entry, grad: float | None) -> list[tuple] | None:
     (bytes, ready); None unless its model is ResNet-18 and `grad` ResNet-18's gradient."""
     if e.rec.workload != "resnet18" or grad != flops.gradient_bytes("resnet18"):
         return None
-    bucketed = e.extra.get("bucketed", False)  # records from before the field: unbucketed
-    return collectives.step_collectives(e.rec.framework, e.rec.strategy, e.sync_bn, bucketed)
+    fw, strategy = e.rec.framework, e.rec.strategy
+    return collectives.step_collectives(fw, strategy, e.sync_bn, not e.unbucketed)
 
 
 def timed(pieces: list[tuple], n: int, alpha: float, busbw: float) -> list[tuple]:

@@ -76,9 +76,7 @@ def joining(join):
 def _over_processes(args) -> tuple[str, ...]:
     """The strategies that run as one program over every process's devices: a Mesh of them all
     (lesson 2's sharding and shard_map; lesson 4's, which shard over the same Mesh)."""
-    if getattr(args, "workload", None) == "zero":
-        return checks.ZERO_NODE_STRATEGIES["jax"]
-    return checks.RESNET18_NODE_STRATEGIES["jax"]
+    return checks.node_strategies(getattr(args, "workload", None))["jax"]
 
 
 def wrapped(argv: list[str]) -> bool:
