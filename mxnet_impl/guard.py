@@ -46,7 +46,10 @@ def serve() -> None:
 def _summing(optimizer):
     """A server's updater for `optimizer` (what KVStore.set_optimizer installs) that leaves the
     world's sums (launch.SUM_KEY and above) the sums a server without an optimizer keeps: its
-    updater sees every key, and would update them as weights."""
+    updater sees every key, and would update them as weights. It returns once the workers'
+    pushes are summed: the server frees each pushed message when its handler returns, while
+    MXNet's engine may still be adding it into `merged`, which an update that reads nothing (a
+    frozen optimizer's) would leave reading freed memory (a server's SIGSEGV)."""
     import mxnet as mx
 
     from mxnet_impl import launch
@@ -58,6 +61,7 @@ def _summing(optimizer):
             stored[:] = merged
         else:
             update(key, merged, stored)
+        merged.wait_to_read()
 
     return updater
 

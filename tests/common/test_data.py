@@ -111,9 +111,16 @@ def server(tmp_path):
     """A local HTTP server on 127.0.0.1 serving tmp_path/www."""
     www = tmp_path / "www"
     www.mkdir()
-    handler = partial(http.server.SimpleHTTPRequestHandler, directory=str(www))
-    handler.log_message = lambda *a: None
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):  # no line per request in the test's output
+            pass
+
+    class Server(http.server.ThreadingHTTPServer):
+        def handle_error(self, request, client_address):  # a client that hangs up early
+            pass
+
+    httpd = Server(("127.0.0.1", 0), partial(Quiet, directory=str(www)))
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     yield www, f"http://127.0.0.1:{httpd.server_address[1]}/"
