@@ -58,12 +58,17 @@ def check_amp(framework: str, args: argparse.Namespace, platform: str) -> None:
 BUCKETED = {"resnet18": ("shard_map", "pmap"), "zero": ("fsdp_explicit",)}
 
 
+def packs_buckets(framework: str, workload: str | None, strategy: str | None) -> bool:
+    """Whether the strategy packs its gradients into buckets itself (JAX's explicit
+    collectives), so that --unbucketed applies and its record says which it ran."""
+    return framework == "jax" and strategy in BUCKETED.get(workload, ())
+
+
 def check_unbucketed(framework: str, args: argparse.Namespace) -> None:
     """--unbucketed where a JAX strategy packs its gradients itself, else one line."""
     if not getattr(args, "unbucketed", False):
         return
-    which = BUCKETED.get(args.workload, ())
-    if framework != "jax" or args.strategy not in which:
+    if not packs_buckets(framework, args.workload, args.strategy):
         raise config.ConfigError(
             "--unbucketed applies to JAX's explicit collectives (resnet18 shard_map and pmap, "
             "zero fsdp_explicit), whose buckets the strategy packs itself; drop it"

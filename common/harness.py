@@ -334,7 +334,7 @@ def make_record(hooks: Hooks, args, plan, cfg, device_names, **fields) -> result
         extra["data_dir"] = str(data.find_dir())
     if args.workload in config.RESNET18_WORKLOADS:  # each device's share, or all (--sync-bn)
         extra["batch_norm"] = "sync" if getattr(args, "sync_bn", False) else "per-device"
-    if hooks.framework == "jax" and args.strategy in checks.BUCKETED.get(args.workload, ()):
+    if checks.packs_buckets(hooks.framework, args.workload, args.strategy):
         extra["bucketed"] = not getattr(args, "unbucketed", False)  # one buffer, or per array
     if hooks.framework == "torch":  # eager, or compiled (--compile): JAX and MXNet always compile
         extra["compiled"] = getattr(args, "compile", False)

@@ -61,7 +61,7 @@ class Entry:
         self.label = str(rec.strategy) + self.tier + ("+sync-bn" if self.sync_bn else "")
         # JAX's explicit collectives, packed into one buffer or not (--unbucketed): records
         # from before the field ran unbucketed.
-        packs = rec.framework == "jax" and rec.strategy in checks.BUCKETED.get(rec.workload, ())
+        packs = checks.packs_buckets(rec.framework, rec.workload, rec.strategy)
         self.unbucketed = packs and not extra.get("bucketed", False)
         self.label += "+unbucketed" if self.unbucketed else ""
         self.cores_per_device = extra.get("cores_per_device")  # None: the devices shared cores
